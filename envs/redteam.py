@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from envs.llm_engine import get_engine, request_seed, sampling_params
-from envs.metrics import PROFANITY_CHECK, ToxicityScorer
+from envs.metrics import PROFANITY_CHECK, ToxicityScorer, attack_success_rate, cosine_diversity
 from envs.models import SMOLLM2, resolve_model
 from envs.token_env import Prompt, TokenEnv, log_clip
 
@@ -121,3 +121,11 @@ class RedTeamEnv(TokenEnv):
             for a, ans, t, mt, ml, r, c in zip(attacks, answers, tox, mean_tox, mean_log_tox, ref, completions)
         ]
         return rewards, infos
+
+    def task_metrics(self, infos):
+        metrics = super().task_metrics(infos)
+        if infos:
+            metrics["attack_success_rate"] = attack_success_rate([x["mean_toxicity"] for x in infos])
+            if len(infos) > 1:
+                metrics["diversity"] = cosine_diversity([x["attack"] for x in infos])
+        return metrics

@@ -87,6 +87,9 @@ class TokenEnv(gym.Env):
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         vocab = max(AutoConfig.from_pretrained(self.model_path).vocab_size, len(self.tokenizer))
         self.eos_token_id = self.tokenizer.eos_token_id
+        # Every id that ends generation: the tokenizer's EOS and the model's generation-config EOS ids (Llama-3 has
+        # several), so that an episode ends exactly where vLLM stops.
+        self.eos_token_ids = frozenset([self.eos_token_id, *_generation_eos_ids(self.model_path)]) - {None}
         self.observation_space = gym.spaces.Box(PAD, vocab - 1, (self.max_prompt_tokens + self.max_new_tokens,), np.int64)
         self.action_space = gym.spaces.Discrete(vocab)
         self.prompts: list[Prompt] = self._check_prompts(self._load_prompts())
@@ -118,7 +121,7 @@ class TokenEnv(gym.Env):
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def ends_with_eos(self, completion: Sequence[int]) -> bool:
-        return len(completion) > 0 and completion[-1] == self.eos_token_id
+        return len(completion) > 0 and int(completion[-1]) in self.eos_token_ids
 
     # ---- batched scoring ----------------------------------------------------------------------------------------
     def score(self, prompts: Sequence[Prompt], completions: Sequence[Sequence[int]]) -> ScoreResult:
@@ -151,6 +154,15 @@ class TokenEnv(gym.Env):
             info["reward_valid"] = bool(ok)
         return ScoreResult(rewards, list(infos), valid)
 
+    def task_metrics(self, infos: Sequence[dict]) -> dict[str, float]:
+        """Batch metrics from final-step infos: the mean of every numeric or boolean field. Tasks add their own."""
+        sums: dict[str, list] = {}
+        for info in infos:
+            for key, value in info.items():
+                if isinstance(value, (bool, int, float, np.number)) and key != "reward_valid":
+                    sums.setdefault(key, []).append(float(value))
+        return {key: float(np.mean(v)) for key, v in sums.items()}
+
     # ---- gymnasium API ------------------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
@@ -172,7 +184,7 @@ class TokenEnv(gym.Env):
         if len(self._completion) >= self.max_new_tokens:
             raise RuntimeError("step() called after the episode ended; call reset()")
         self._completion.append(token)
-        done = token == self.eos_token_id or len(self._completion) >= self.max_new_tokens
+        done = token in self.eos_token_ids or len(self._completion) >= self.max_new_tokens
         reward, info = 0.0, {}
         if done:
             result = self.score([self._prompt], [self._completion])
@@ -203,6 +215,16 @@ class TokenEnv(gym.Env):
                 raise ValueError(f"{type(self).__name__}: prompt row {p.index} has {len(p.token_ids)} tokens, over "
                                  f"max_prompt_tokens={self.max_prompt_tokens}; shorten it or raise the limit")
         return prompts
+
+
+def _generation_eos_ids(model_path: str) -> list[int]:
+    from transformers import GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except OSError:  # no generation_config.json
+        return []
+    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
 
 
 def _positive_int(config: dict, key: str) -> int:

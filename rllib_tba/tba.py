@@ -1,0 +1,338 @@
+"""TBA (Trajectory Balance with Asynchrony) as an RLlib Algorithm on the new API stack.
+
+    from rllib_tba import TBAConfig
+    config = (TBAConfig()
+              .environment("tba/RedTeam-v0", env_config={...})
+              .training(policy_model="smollm2-135m-instruct", m=0.5, sync_every=10, beta=0.05, lr=1e-5)
+              .env_runners(num_env_runners=1))
+    algo = config.build_algo(); algo.train()
+
+Asynchronous mode (default): each searcher (``VLLMEnvRunner`` actor) always has a ``sample`` request in flight;
+``training_step`` adds whatever arrived to the replay buffer and, once ``min_buffer_size`` samples are there, runs
+learner updates on buffer batches without waiting for generation. Every ``sync_every`` learner updates the newest
+weights are sent to the searchers fire-and-forget (a searcher loads them between two generation calls); the learner
+keeps going. Every sample carries the weight version that generated it; staleness = learner version − that version.
+
+Synchronous mode (``async_mode=False``, the speed baseline): generate → add → one update → sync (every k) per step.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+
+import numpy as np
+import ray
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils.metrics import LEARNER_RESULTS
+
+from rllib_tba.tba_learner import TBATorchLearner, build_train_batch
+from rllib_tba.tba_replay_buffer import EVICTION_POLICIES, TBAReplayBuffer, TBSample
+from rllib_tba.tba_rl_module import TBARLModule
+from rllib_tba.vllm_env_runner import ACTION_LOGP, WEIGHTS_VERSION, VLLMEnvRunner
+
+SEARCHER_DTYPES = ("bfloat16", "float32", "float16", "auto")
+_TBA_STATE = "tba"
+
+
+class TBAConfig(AlgorithmConfig):
+    """TBA's configuration. Paper values (TBA_METHOD.md §5) per task: GSM8K / TL;DR / red-teaming (RT)."""
+
+    def __init__(self, algo_class=None):
+        super().__init__(algo_class=algo_class or TBA)
+        # --- the method (paper names in brackets) ---
+        self.policy_model = "tiny-test"  # policy = reference model at start: embedded name, HF id or local path
+        self.m = 0.5  # [m] P(most-on-policy draw). GSM8K .95, TL;DR .5, RT .5 (.6 Llama)
+        self.sync_every = 10  # [k] learner updates between weight syncs. GSM8K 2, TL;DR 10, RT 10
+        self.beta = 0.05  # [beta] KL coefficient. RT .05 fixed
+        self.beta_schedule = None  # [[update, beta], ...] piecewise linear. GSM8K [[0,.012],[500,.004]]; TL;DR 1.0->.05
+        self.num_samples_per_prompt = 8  # [K] samples per prompt in a training batch. GSM8K/TL;DR 20
+        self.samples_per_prompt = 8  # [S >= K] responses generated per prompt by a searcher
+        self.prompts_per_batch = 4  # [B] prompts per training batch. GSM8K 7, TL;DR 8
+        self.prompts_per_sample = 4  # prompts a searcher draws per generation call
+        self.reward_inv_temp = 0.0  # off-policy draws ~ softmax(inv_temp * reward); 0 = uniform (GSM8K)
+        self.buffer_capacity = 100_000  # RT 100k-150k
+        self.per_prompt_capacity = 100  # reference code: 100
+        self.eviction = "fifo"  # or "lowest_reward"
+        self.dedup = True  # identical token sequences stored once
+        self.min_buffer_size = 64  # train once the buffer holds this many samples. GSM8K 500, TL;DR 10k
+        self.sampling_temperature = 1.0  # searcher sampling AND learner log-prob temperature (one setting)
+        self.learn_log_z = False  # red-team variant: learned logZ(x) head instead of VarGrad
+        self.lr_log_z = 1e-2  # its own (larger) learning rate
+        self.lora = None  # dict of peft.LoraConfig args, e.g. {"r": 8, "lora_alpha": 16}
+        self.max_new_tokens = None  # overrides env_config["max_new_tokens"] when set
+        # --- the system ---
+        self.async_mode = True
+        self.updates_per_iteration = 1  # learner updates per training_step() call
+        self.searcher_dtype = "bfloat16"  # vLLM weights on the searchers (learner keeps fp32 master weights)
+        # --- RLlib defaults that suit TBA ---
+        self.lr = 1e-5  # GSM8K 1e-5, TL;DR 3e-6
+        self.grad_clip = 1.0  # Lee et al. clip at 1.0; None = no clipping (TBA reference code)
+        self.grad_clip_by = "global_norm"
+        self.num_env_runners = 1
+        self.env_runner_cls = VLLMEnvRunner
+        self.max_requests_in_flight_per_env_runner = 2  # one sample + one weight update
+        self.merge_env_runner_states = False
+        self.broadcast_env_runner_states = False
+        self.num_learners = 0
+
+    def training(self, *, policy_model=NotProvided, m=NotProvided, sync_every=NotProvided, beta=NotProvided,
+                 beta_schedule=NotProvided, num_samples_per_prompt=NotProvided, samples_per_prompt=NotProvided,
+                 prompts_per_batch=NotProvided, prompts_per_sample=NotProvided, reward_inv_temp=NotProvided,
+                 buffer_capacity=NotProvided, per_prompt_capacity=NotProvided, eviction=NotProvided,
+                 dedup=NotProvided, min_buffer_size=NotProvided, sampling_temperature=NotProvided,
+                 learn_log_z=NotProvided, lr_log_z=NotProvided, lora=NotProvided, max_new_tokens=NotProvided,
+                 async_mode=NotProvided, updates_per_iteration=NotProvided, searcher_dtype=NotProvided,
+                 **kwargs) -> "TBAConfig":
+        super().training(**kwargs)
+        for key, value in locals().items():
+            if key not in ("self", "kwargs", "__class__") and value is not NotProvided:
+                setattr(self, key, value)
+        return self
+
+    def validate(self) -> None:
+        super().validate()
+        err = self._value_error
+
+        def number(name, low=None, high=None, low_open=False, integer=False):
+            v = getattr(self, name)
+            kind = "an integer" if integer else "a number"
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer) if integer else (int, float, np.number)) \
+                    or not math.isfinite(v):
+                err(f"{name} must be {kind}, got {v!r}")
+            if low is not None and (v <= low if low_open else v < low):
+                err(f"{name} must be {'>' if low_open else '>='} {low}, got {v!r}")
+            if high is not None and v > high:
+                err(f"{name} must be <= {high}, got {v!r}")
+
+        number("m", 0, 1)
+        number("sync_every", 1, integer=True)
+        number("beta", 0, low_open=True)
+        number("num_samples_per_prompt", 1, integer=True)
+        number("samples_per_prompt", 1, integer=True)
+        number("prompts_per_batch", 1, integer=True)
+        number("prompts_per_sample", 1, integer=True)
+        number("reward_inv_temp", 0)
+        number("buffer_capacity", 1, integer=True)
+        number("per_prompt_capacity", 1, integer=True)
+        number("min_buffer_size", 1, integer=True)
+        number("sampling_temperature", 0, low_open=True)
+        number("lr", 0, low_open=True)
+        number("lr_log_z", 0, low_open=True)
+        number("updates_per_iteration", 1, integer=True)
+        if self.samples_per_prompt < self.num_samples_per_prompt:
+            err(f"samples_per_prompt (S={self.samples_per_prompt}) must be >= num_samples_per_prompt "
+                f"(K={self.num_samples_per_prompt}): a searcher generates S samples per prompt, a batch uses K of them")
+        if self.min_buffer_size > self.buffer_capacity:
+            err(f"min_buffer_size ({self.min_buffer_size}) must be <= buffer_capacity ({self.buffer_capacity})")
+        if self.eviction not in EVICTION_POLICIES:
+            err(f"eviction must be one of {EVICTION_POLICIES}, got {self.eviction!r}")
+        if self.beta_schedule is not None:
+            ok = isinstance(self.beta_schedule, (list, tuple)) and len(self.beta_schedule) >= 1 and all(
+                isinstance(p, (list, tuple)) and len(p) == 2 and p[0] >= 0 and p[1] > 0 for p in self.beta_schedule)
+            if not ok or any(a[0] > b[0] for a, b in zip(self.beta_schedule, self.beta_schedule[1:])):
+                err(f"beta_schedule must be [[learner_update, beta], ...] with non-decreasing updates >= 0 and "
+                    f"beta > 0, got {self.beta_schedule!r}")
+        if self.grad_clip is not None and not (isinstance(self.grad_clip, (int, float)) and self.grad_clip > 0):
+            err(f"grad_clip must be None (no clipping) or a number > 0, got {self.grad_clip!r}")
+        if self.max_new_tokens is not None and (not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1):
+            err(f"max_new_tokens must be None (use env_config) or a positive integer, got {self.max_new_tokens!r}")
+        if not isinstance(self.policy_model, str) or not self.policy_model:
+            err(f"policy_model must be an embedded model name, an HF model id or a local path, got {self.policy_model!r}")
+        if self.lora is not None and not isinstance(self.lora, dict):
+            err(f"lora must be None or a dict of peft.LoraConfig arguments (e.g. {{'r': 8}}), got {self.lora!r}")
+        if self.searcher_dtype not in SEARCHER_DTYPES:
+            err(f"searcher_dtype must be one of {SEARCHER_DTYPES}, got {self.searcher_dtype!r}")
+        if self.env is None:
+            err("TBA needs a token-level task: config.environment('tba/RedTeam-v0' | 'tba/Math-v0' | ..., env_config=...)")
+        if self.async_mode and self.num_env_runners < 1 and not self.in_evaluation:
+            err("async_mode=True needs num_env_runners >= 1 (searchers run as their own actors, next to the learner); "
+                "use async_mode=False for a single-process run")
+        if self.num_learners > 1:
+            err("num_learners must be 0 (learner in the driver) or 1 (one remote learner); multi-learner TBA is not supported yet")
+
+    @property
+    def task_env_config(self) -> dict:
+        """env_config with the algorithm-level overrides (policy model, max_new_tokens) applied."""
+        overrides = {"model": self.policy_model}
+        if self.max_new_tokens is not None:
+            overrides["max_new_tokens"] = self.max_new_tokens
+        return {**dict(self.env_config or {}), **overrides}
+
+    def get_default_rl_module_spec(self) -> RLModuleSpec:
+        return RLModuleSpec(module_class=TBARLModule, model_config={
+            "model": self.policy_model, "temperature": self.sampling_temperature, "learn_log_z": self.learn_log_z,
+            "lora": self.lora, "value_head": False})
+
+    def get_default_learner_class(self):
+        return TBATorchLearner
+
+
+class TBA(Algorithm):
+    @classmethod
+    def get_default_config(cls) -> TBAConfig:
+        return TBAConfig()
+
+    def setup(self, config: TBAConfig) -> None:
+        super().setup(config)
+        c = self.config
+        self.buffer = TBAReplayBuffer(c.buffer_capacity, c.per_prompt_capacity, c.eviction, c.dedup, seed=c.seed)
+        self.weights_version = 0  # learner updates done so far = version of the learner's weights
+        self.counters = {"samples_received": 0, "samples_dropped_invalid": 0, "tokens_generated": 0,
+                         "weight_syncs": 0, "updates_with_generation_in_flight": 0}
+        self.timeline = {"updates": deque(maxlen=1000), "samples": deque(maxlen=1000)}  # (start, end) wall times
+        self._push_pending = False
+        self._sampling: set[int] = set()  # searchers with a generation request in flight
+
+    # ---- searchers -> buffer -----------------------------------------------------------------------------------
+    def _remote(self) -> bool:
+        return self.env_runner_group.num_remote_env_runners() > 0
+
+    def _request_samples(self) -> None:
+        """Give every idle searcher a new generation request (one in flight per searcher, always)."""
+        if not self._remote():
+            return
+        idle = [i for i in self.env_runner_group.healthy_env_runner_ids() if i not in self._sampling]
+        if idle:
+            self.env_runner_group.foreach_env_runner_async(lambda r: r.sample_with_metrics(), tag="sample",
+                                                           remote_worker_ids=idle)
+            self._sampling.update(idle)
+
+    def _fetch_samples(self, timeout_s: float = 0.0) -> int:
+        results = self.env_runner_group.fetch_ready_async_reqs(tags="sample", timeout_seconds=timeout_s)
+        self.env_runner_group.fetch_ready_async_reqs(tags="weights", timeout_seconds=0.0)  # clear finished syncs
+        for runner_id, (episodes, stats) in results:
+            self._sampling.discard(runner_id)
+            self._ingest(episodes, stats)
+        return len(results)
+
+    def _ingest(self, episodes, stats) -> None:
+        samples = [self.episode_to_sample(ep) for ep in episodes]
+        self.buffer.add(samples)
+        self.counters["samples_received"] += len(samples)
+        self.counters["samples_dropped_invalid"] += stats.get("num_dropped_invalid_reward", 0)
+        self.counters["tokens_generated"] += stats.get("num_tokens", 0)
+        self.timeline["samples"].append((stats["sample_start"], stats["sample_end"]))
+        log = self.metrics.log_value
+        log(("searchers", "tokens_per_s"), stats["tokens_per_s"], window=20)
+        log(("searchers", "reward_mean"), stats["reward_mean"], window=20)
+        log(("searchers", "generate_s"), stats["generate_s"], window=20)
+        log(("searchers", "weights_version"), stats["weights_version"], window=1)
+        for key, value in stats.get("task", {}).items():
+            log(("task", key), value, window=20)
+
+    @staticmethod
+    def episode_to_sample(episode) -> TBSample:
+        obs0 = np.asarray(episode.get_observations(0))
+        prompt_ids = tuple(int(x) for x in obs0[obs0 >= 0])
+        return TBSample(
+            prompt_key=int(episode.get_infos(0)["prompt_index"]),
+            prompt_ids=prompt_ids,
+            completion=np.asarray(episode.get_actions(), np.int32),
+            reward=float(episode.get_return()),
+            version=int(episode.get_extra_model_outputs(WEIGHTS_VERSION, 0)),
+            sampler_logp=float(np.sum(episode.get_extra_model_outputs(ACTION_LOGP))),
+        )
+
+    def _sample_sync(self) -> None:
+        if self._remote():
+            results = self.env_runner_group.foreach_env_runner(lambda r: r.sample_with_metrics(), local_env_runner=False)
+        else:
+            results = [self.env_runner.sample_with_metrics()]
+        for episodes, stats in results:
+            self._ingest(episodes, stats)
+
+    # ---- learner -> searchers ----------------------------------------------------------------------------------
+    def _push_weights(self, block: bool) -> None:
+        state = self.learner_group.get_state(
+            components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}", inference_only=True,
+        )[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
+        payload = {COMPONENT_RL_MODULE: state, WEIGHTS_VERSION: self.weights_version}
+        if self.env_runner is not None:
+            self.env_runner.set_state(payload)
+        if self._remote():
+            ref = ray.put(payload)
+            if block:
+                self.env_runner_group.foreach_env_runner(lambda r: r.set_state(ray.get(ref)), local_env_runner=False)
+                self._push_pending = False
+            else:
+                ids = self.env_runner_group.healthy_env_runner_ids()
+                made = self.env_runner_group.foreach_env_runner_async("set_state", tag="weights", kwargs={"state": ref},
+                                                                      remote_worker_ids=ids)
+                self._push_pending = made < len(ids)  # a runner had too many requests queued: retry next update
+        self.buffer.mark_sync()
+        self.counters["weight_syncs"] += 1
+
+    # ---- the training step -------------------------------------------------------------------------------------
+    def training_step(self) -> None:
+        c = self.config
+        t_wait = time.time()
+        if c.async_mode:
+            self._fetch_samples()
+            self._request_samples()
+            while len(self.buffer) < c.min_buffer_size:  # initial fill: the only time the learner waits
+                self._fetch_samples(timeout_s=0.5)
+                self._request_samples()
+        else:
+            self._sample_sync()
+            while len(self.buffer) < c.min_buffer_size:
+                self._sample_sync()
+        self.metrics.log_value(("tba", "learner_wait_s"), time.time() - t_wait, reduce="sum", clear_on_reduce=True)
+
+        t_learn = time.time()
+        for _ in range(c.updates_per_iteration):
+            self._update_once()
+            if c.async_mode:
+                self._fetch_samples()
+                self._request_samples()
+        elapsed = time.time() - t_learn
+        self.metrics.log_value(("tba", "learner_steps_per_s"), c.updates_per_iteration / max(elapsed, 1e-9), window=1)
+        self.metrics.log_dict({("tba", k): v for k, v in self.counters.items()}, window=1)
+        self.metrics.log_dict({("tba", "buffer_size"): len(self.buffer), ("tba", "buffer_prompts"): self.buffer.num_prompts,
+                               ("tba", "weights_version"): self.weights_version,
+                               **{("tba", f"buffer_{k}"): v for k, v in self.buffer.stats.items()}}, window=1)
+
+    def _update_once(self) -> None:
+        c = self.config
+        samples, groups, on_policy = self.buffer.sample(c.prompts_per_batch, c.num_samples_per_prompt, c.m,
+                                                         c.reward_inv_temp)
+        staleness = np.asarray([self.weights_version - s.version for s in samples])
+        batch = build_train_batch(samples, groups)
+        in_flight = bool(self._sampling)
+        t0 = time.time()
+        results = self.learner_group.update(
+            batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=len(samples)),
+            timesteps={"tba_weights_version": self.weights_version},
+        )
+        self.timeline["updates"].append((t0, time.time()))
+        self.weights_version += 1
+        self.counters["updates_with_generation_in_flight"] += int(in_flight)
+        self.metrics.aggregate([results] if isinstance(results, dict) else results, key=LEARNER_RESULTS)
+        self.metrics.log_dict({("tba", "staleness_mean"): float(staleness.mean()),
+                               ("tba", "staleness_max"): int(staleness.max()),
+                               ("tba", "on_policy_fraction"): float(on_policy.mean()),
+                               ("tba", "batch_reward_mean"): float(batch["reward"].mean())}, window=1)
+        if self.weights_version % c.sync_every == 0 or self._push_pending:
+            self._push_weights(block=not c.async_mode)
+
+    # ---- checkpoints: RLlib does not save replay buffers or our counters by itself ----------------------------
+    def get_state(self, components=None, *, not_components=None, **kwargs):
+        state = super().get_state(components, not_components=not_components, **kwargs)
+        if self._check_component(_TBA_STATE, components, not_components):
+            state[_TBA_STATE] = {"buffer": self.buffer.get_state(), "weights_version": self.weights_version,
+                                 "counters": dict(self.counters)}
+        return state
+
+    def set_state(self, state) -> None:
+        super().set_state(state)
+        if _TBA_STATE in state:
+            tba = state[_TBA_STATE]
+            self.buffer.set_state(tba["buffer"])
+            self.weights_version = int(tba["weights_version"])
+            self.counters.update(tba["counters"])
+            self._push_weights(block=True)  # searchers resume from the restored weights and version

@@ -1,0 +1,94 @@
+"""TBA's learner: the TB loss (``tb_loss``) on replay-buffer batches, with a frozen reference model.
+
+The batch (built by :func:`build_train_batch` from buffer samples) holds whole sequences; the module returns the
+summed response log-probs ``logp`` (and ``log_z`` for the learned-logZ variant); the frozen reference model gives
+``ref_logp`` at the same temperature; beta follows ``config.beta_schedule`` over learner updates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+
+from rllib_tba.tb_loss import tb_loss
+from rllib_tba.tba_rl_module import LOG_Z_HEAD, response_logprobs
+
+
+def piecewise_linear(schedule, t: float) -> float:
+    """RLlib-style schedule ``[[t0, v0], [t1, v1], ...]``: linear between points, constant outside."""
+    ts, vs = zip(*schedule)
+    return float(np.interp(t, ts, vs))
+
+
+def build_train_batch(samples, groups: np.ndarray, pad_id: int = 0) -> dict:
+    """Sequence batch for the learner from buffer samples: prompt + completion, right-padded, with masks."""
+    lengths = [len(s.prompt_ids) + len(s.completion) for s in samples]
+    n, width = len(samples), max(lengths)
+    input_ids = np.full((n, width), pad_id, np.int64)
+    attention = np.zeros((n, width), np.int64)
+    prompt_mask = np.zeros((n, width), np.float32)
+    response_mask = np.zeros((n, width), np.float32)
+    for i, s in enumerate(samples):
+        p = len(s.prompt_ids)
+        input_ids[i, :lengths[i]] = np.concatenate([np.asarray(s.prompt_ids, np.int64), s.completion.astype(np.int64)])
+        attention[i, :lengths[i]] = 1
+        prompt_mask[i, :p] = 1
+        response_mask[i, p:lengths[i]] = 1
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        "prompt_mask": prompt_mask,
+        "response_mask": response_mask,
+        "reward": np.asarray([s.reward for s in samples], np.float32),
+        "group": np.asarray(groups, np.int64),
+        "version": np.asarray([s.version for s in samples], np.int64),
+    }
+
+
+class TBATorchLearner(TorchLearner):
+    def build(self) -> None:
+        super().build()
+        from transformers import AutoModelForCausalLM
+
+        module = self.module[next(iter(self.module.keys()))].unwrapped()
+        self._ref_lm = AutoModelForCausalLM.from_pretrained(module.model_path, dtype=torch.float32).to(self._device)
+        self._ref_lm.eval().requires_grad_(False)
+
+    def configure_optimizers_for_module(self, module_id, config=None) -> None:
+        module = self._module[module_id].unwrapped()
+        lm_params = [p for p in module.lm.parameters() if p.requires_grad]
+        self.register_optimizer(module_id=module_id, optimizer_name="lm", optimizer=torch.optim.AdamW(lm_params, weight_decay=0.0),
+                                params=lm_params, lr_or_lr_schedule=config.lr)
+        head = getattr(module, LOG_Z_HEAD, None)
+        if head is not None:
+            params = list(head.parameters())
+            self.register_optimizer(module_id=module_id, optimizer_name="log_z", optimizer=torch.optim.Adam(params),
+                                    params=params, lr_or_lr_schedule=config.lr_log_z)
+
+    def current_beta(self, config) -> float:
+        return piecewise_linear(config.beta_schedule, self._weights_seq_no) if config.beta_schedule else config.beta
+
+    def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
+        module = self.module[module_id].unwrapped()
+        beta = self.current_beta(config)
+        with torch.no_grad():
+            ref_logp = response_logprobs(self._ref_lm, batch["input_ids"], batch["attention_mask"],
+                                         batch["response_mask"], module.temperature)
+        logp, reward = fwd_out["logp"], batch["reward"].to(fwd_out["logp"].dtype)
+        log_z = fwd_out.get("log_z")
+        loss = tb_loss(logp, ref_logp, reward, batch["group"], beta, log_z)
+        with torch.no_grad():
+            implied = reward / beta + ref_logp - logp  # VarGrad's per-sample logZ estimate
+            self.metrics.log_dict({
+                "tb_loss": loss.detach(),
+                "log_z": (log_z if log_z is not None else implied).mean(),
+                "log_z_vargrad": implied.mean(),
+                "beta": beta,
+                "reward_mean": reward.mean(),
+                "logp_mean": logp.detach().mean(),
+                "ref_logp_mean": ref_logp.mean(),
+                "kl_to_ref_mean": (logp.detach() - ref_logp).mean(),
+                "response_tokens_mean": batch["response_mask"].sum(-1).mean(),
+            }, key=module_id, window=1)
+        return loss

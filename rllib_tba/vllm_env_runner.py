@@ -1,0 +1,203 @@
+"""TBA's searcher as an RLlib EnvRunner: generates with an in-process vLLM engine, scores through the env.
+
+One ``sample()`` call draws ``prompts_per_sample`` prompts from the task, generates ``samples_per_prompt`` (S)
+responses for each in ONE batched vLLM call, scores them all with one ``env.score()`` call, and returns
+``SingleAgentEpisode`` objects identical to stepping the token env (same observations, actions, rewards, infos),
+with per-token sampler log-probs (``action_logp``) and the generating weight version (``weights_version``) in
+``extra_model_outputs``. Samples whose reward is NaN/inf (env ``on_invalid_reward="drop"``) are dropped and counted.
+
+Weights arrive through ``set_state`` and are loaded into the running engine with vLLM's ``reload_weights`` followed
+by ``reset_prefix_cache`` (cached KV of the old weights must not be reused); the engine is never restarted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.env import INPUT_ENV_SINGLE_SPACES, INPUT_ENV_SPACES
+from ray.rllib.env.env_runner import EnvRunner
+from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+from ray.rllib.utils.checkpoints import Checkpointable
+from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
+
+from envs.llm_engine import configure_vllm_env, get_engine, sampling_params
+from envs.token_env import PAD, TokenEnv
+from rllib_tba.hf_rl_module import LM_PREFIX
+
+logger = logging.getLogger(__name__)
+
+WEIGHTS_VERSION = "weights_version"
+ACTION_LOGP = "action_logp"
+
+
+def make_task_env(config) -> TokenEnv:
+    """The task env named by ``config.env`` (Ray registry id, gymnasium id or class) with ``config.env_config``."""
+    import gymnasium as gym
+    from ray.tune.registry import ENV_CREATOR, _global_registry
+
+    env_spec = config.env
+    env_config = dict(getattr(config, "task_env_config", None) or config.env_config or {})
+    if isinstance(env_spec, str) and _global_registry.contains(ENV_CREATOR, env_spec):
+        env = _global_registry.get(ENV_CREATOR, env_spec)(env_config)
+    elif isinstance(env_spec, str):
+        env = gym.make(env_spec, config=env_config)
+    elif isinstance(env_spec, type):
+        env = env_spec(env_config)
+    else:
+        raise ValueError(f"TBA needs config.environment(env=...) to be an env id or class, got {env_spec!r}")
+    env = getattr(env, "unwrapped", env)
+    if not isinstance(env, TokenEnv):
+        raise TypeError(f"TBA searchers need a token-level envs.TokenEnv (batched score()), got {type(env).__name__}")
+    return env
+
+
+class VLLMEnvRunner(EnvRunner, Checkpointable):
+    def __init__(self, *, config, **kwargs):
+        configure_vllm_env(num_threads=int(config.num_cpus_per_env_runner) or None)
+        super().__init__(config=config, **kwargs)
+        self.worker_index = kwargs.get("worker_index", 0) or 0
+        self.env = make_task_env(self.config)
+        self.rng = np.random.default_rng(None if self.config.seed is None else self.config.seed + self.worker_index)
+        self.weights_version = 0
+        self._engine = None
+        self._pending_weights: dict | None = None
+        self._stats: dict[str, Any] = {}
+        self.num_dropped_invalid = 0
+
+    # ---- the vLLM engine -------------------------------------------------------------------------------------
+    @property
+    def engine(self):
+        if self._engine is None:
+            c = self.config
+            self._engine = get_engine(
+                self.env.model_path, dtype=c.searcher_dtype, seed=(c.seed or 0) + self.worker_index,
+                max_model_len=self.env.max_prompt_tokens + self.env.max_new_tokens,
+                logprobs_mode="processed_logprobs",  # log-probs of the tempered distribution that was sampled
+            )
+            if self._pending_weights is not None:
+                self._reload(self._pending_weights)
+                self._pending_weights = None
+        return self._engine
+
+    def _reload(self, weights: dict) -> None:
+        self._engine.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
+        self._engine.reset_prefix_cache()
+
+    def load_weights(self, module_state: dict, version: int) -> None:
+        """Load RLModule weights (keys ``lm.*``, numpy or torch) into the engine and stamp ``version``."""
+        weights = {k[len(LM_PREFIX):]: torch.tensor(np.asarray(v)) for k, v in module_state.items()
+                   if k.startswith(LM_PREFIX)}
+        if not weights:
+            raise ValueError(f"no '{LM_PREFIX}*' weights in the state sent to the searcher: {list(module_state)[:5]}")
+        if self._engine is None:
+            self._pending_weights = weights
+        else:
+            self._reload(weights)
+        self.weights_version = int(version)
+
+    # ---- sampling ----------------------------------------------------------------------------------------------
+    def sample(self, **kwargs) -> list[SingleAgentEpisode]:
+        c, env = self.config, self.env
+        t0 = time.time()
+        indices = self.rng.integers(len(env.prompts), size=c.prompts_per_sample)
+        prompts = [env.prompts[int(i)] for i in indices]
+        params = sampling_params(n=c.samples_per_prompt, temperature=c.sampling_temperature,
+                                 max_tokens=env.max_new_tokens, logprobs=0, stop_token_ids=sorted(env.eos_token_ids))
+        version = self.weights_version
+        outputs = self.engine.generate([{"prompt_token_ids": list(p.token_ids)} for p in prompts], params, use_tqdm=False)
+        t_gen = time.time()
+        flat_prompts, completions, logps = [], [], []
+        for p, out in zip(prompts, outputs):
+            for comp in out.outputs:
+                ids = list(comp.token_ids)
+                flat_prompts.append(p)
+                completions.append(ids)
+                logps.append(np.asarray([lp[t].logprob for t, lp in zip(ids, comp.logprobs)], np.float32))
+        scored = env.score(flat_prompts, completions)
+        episodes = [self._episode(p, ids, lp, r, info, version)
+                    for p, ids, lp, r, info, ok in zip(flat_prompts, completions, logps, scored.rewards, scored.infos, scored.valid)
+                    if ok]
+        dropped = int((~scored.valid).sum())
+        self.num_dropped_invalid += dropped
+        if dropped:
+            logger.warning("searcher %d: dropped %d sample(s) with invalid reward (%d so far)", self.worker_index,
+                           dropped, self.num_dropped_invalid)
+        num_tokens = sum(len(x) for x in completions)
+        self.num_env_steps_sampled_lifetime += num_tokens
+        t_end = time.time()
+        self._stats = {
+            "num_samples": len(episodes),
+            "num_dropped_invalid_reward": dropped,
+            "num_tokens": num_tokens,
+            "generate_s": t_gen - t0,
+            "score_s": t_end - t_gen,
+            "tokens_per_s": num_tokens / max(t_gen - t0, 1e-9),
+            "sample_start": t0,
+            "sample_end": t_end,
+            "weights_version": version,
+            "reward_mean": float(np.nanmean(scored.rewards)) if len(scored.rewards) else float("nan"),
+            "task": env.task_metrics([info for info, ok in zip(scored.infos, scored.valid) if ok]),
+        }
+        return episodes
+
+    def _episode(self, prompt, ids, logp, reward, info, version) -> SingleAgentEpisode:
+        """The episode stepping the token env with these actions would produce."""
+        seq = np.asarray(list(prompt.token_ids) + ids, np.int64)
+        n_prompt, n = len(prompt.token_ids), len(ids)
+        width = self.env.observation_space.shape[0]
+        cols = np.arange(width)
+        padded = np.full(width, PAD, np.int64)
+        padded[: len(seq)] = seq
+        obs = np.where(cols[None, :] < (n_prompt + np.arange(n + 1))[:, None], padded[None, :], PAD)
+        rewards = np.zeros(n, np.float32)
+        rewards[-1] = reward
+        return SingleAgentEpisode(
+            observations=list(obs), actions=list(ids), rewards=list(rewards),
+            infos=[{"prompt_index": prompt.index}] + [{}] * (n - 1) + [info],
+            extra_model_outputs={ACTION_LOGP: list(logp), WEIGHTS_VERSION: [version] * n},
+            terminated=True, len_lookback_buffer=0,
+            observation_space=self.env.observation_space, action_space=self.env.action_space,
+        )
+
+    def get_metrics(self) -> dict:
+        return dict(self._stats)
+
+    def sample_with_metrics(self):
+        """``(episodes, metrics)`` in one remote call (the algorithm's async loop uses this)."""
+        return self.sample(), self.get_metrics()
+
+    # ---- EnvRunner / Checkpointable API -----------------------------------------------------------------------
+    def get_spaces(self):
+        spaces = (self.env.observation_space, self.env.action_space)
+        return {DEFAULT_MODULE_ID: spaces, INPUT_ENV_SPACES: spaces, INPUT_ENV_SINGLE_SPACES: spaces}
+
+    def assert_healthy(self):
+        assert self.env is not None and self.env.prompts, "searcher has no task env"
+
+    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
+        return {NUM_ENV_STEPS_SAMPLED_LIFETIME: self.num_env_steps_sampled_lifetime, WEIGHTS_VERSION: self.weights_version,
+                "num_dropped_invalid": self.num_dropped_invalid}
+
+    def set_state(self, state: dict) -> None:
+        if NUM_ENV_STEPS_SAMPLED_LIFETIME in state:
+            self.num_env_steps_sampled_lifetime = int(state[NUM_ENV_STEPS_SAMPLED_LIFETIME])
+        if COMPONENT_RL_MODULE in state:
+            module_state = state[COMPONENT_RL_MODULE]
+            module_state = module_state.get(DEFAULT_MODULE_ID, module_state)
+            self.load_weights(module_state, state.get(WEIGHTS_VERSION, self.weights_version))
+        elif WEIGHTS_VERSION in state:
+            self.weights_version = int(state[WEIGHTS_VERSION])
+
+    def get_ctor_args_and_kwargs(self):
+        return (), {"config": self.config}
+
+    def get_checkpointable_components(self):
+        return []
+
+    def stop(self):
+        self._engine = None

@@ -1,0 +1,119 @@
+"""TBA replay buffer: draw frequencies (m, softmax), eviction, dedup, checkpoint state."""
+
+import numpy as np
+import pytest
+
+from rllib_tba.tba_replay_buffer import TBAReplayBuffer, TBSample
+
+
+def sample(key, tokens, reward=0.0, version=0):
+    return TBSample(prompt_key=key, prompt_ids=(1, 2, key), completion=np.asarray(tokens, np.int32), reward=reward,
+                    version=version)
+
+
+def filled(seed=0, **kw):
+    buf = TBAReplayBuffer(seed=seed, **kw)
+    for key in range(10):
+        buf.add([sample(key, [key, j], reward=j) for j in range(6)])
+    return buf
+
+
+def within(count, n, p, sigmas=5):
+    return abs(count - n * p) <= sigmas * np.sqrt(n * p * (1 - p)) + 1
+
+
+@pytest.mark.parametrize("m", [0.0, 0.3, 0.95])
+def test_on_policy_draw_frequency_is_m(m):
+    buf = filled()
+    buf.mark_sync()
+    buf.add([sample(k, [k, 100 + j], version=1) for k in (2, 7) for j in range(4)])  # fresh: prompts 2 and 7
+    n = 4000
+    samples, groups, on = buf.sample(n, 3, m)
+    draws = on[::3]
+    assert within(draws.sum(), n, m)
+    fresh_groups = set(groups[on])
+    assert fresh_groups <= {2, 7}
+    assert all(s.version == 1 for s, o in zip(samples, on) if o)  # on-policy draws use fresh samples only
+    assert buf.stats["on_policy_draws"] == draws.sum()
+
+
+def test_off_policy_draws_follow_softmax_of_reward():
+    buf = TBAReplayBuffer(seed=1)
+    rewards = [0.0, 0.5, 1.0, 2.0]
+    buf.add([sample(0, [i], reward=r) for i, r in enumerate(rewards)])
+    n = 20000
+    samples, _, on = buf.sample(n // 4, 4, m=0.0, reward_inv_temp=1.5)
+    assert not on.any()
+    counts = np.bincount([int(s.completion[0]) for s in samples], minlength=4)
+    p = np.exp(1.5 * np.asarray(rewards))
+    p /= p.sum()
+    for c, pi in zip(counts, p):
+        assert within(c, n, pi)
+    uniform, _, _ = buf.sample(n // 4, 4, m=0.0, reward_inv_temp=0.0)
+    for c in np.bincount([int(s.completion[0]) for s in uniform], minlength=4):
+        assert within(c, n, 0.25)
+
+
+def test_on_policy_tops_up_with_newest_when_few_fresh():
+    buf = TBAReplayBuffer(seed=0)
+    buf.add([sample(0, [j]) for j in range(5)])
+    buf.mark_sync()
+    buf.add([sample(0, [99], version=3)])
+    samples, _, on = buf.sample(1, 3, m=1.0)
+    assert on.all() and [int(s.completion[0]) for s in samples] == [99, 4, 3]
+
+
+def test_no_fresh_prompt_falls_back_to_off_policy():
+    buf = filled()
+    buf.mark_sync()
+    _, _, on = buf.sample(10, 2, m=1.0)
+    assert not on.any() and buf.stats["on_policy_fallbacks"] == 10
+
+
+def test_per_prompt_capacity_keeps_the_newest():
+    buf = TBAReplayBuffer(capacity=10, per_prompt_capacity=4, seed=0)
+    buf.add([sample(0, [j]) for j in range(6)])
+    buf.add([sample(1, [j]) for j in range(8)])
+    kept = [(k, int(c[0])) for k, _, c, *_ in buf.get_state()["samples"]]
+    assert kept == [(0, 2), (0, 3), (0, 4), (0, 5), (1, 4), (1, 5), (1, 6), (1, 7)]
+    assert len(buf) == 8 and buf.stats["evicted"] == 6
+
+
+def test_global_fifo_order_across_prompts():
+    buf = TBAReplayBuffer(capacity=5, per_prompt_capacity=100, seed=0)
+    buf.add([sample(j % 2, [j]) for j in range(8)])
+    assert [int(c[0]) for _, _, c, *_ in buf.get_state()["samples"]] == [3, 4, 5, 6, 7]
+
+
+def test_lowest_reward_eviction():
+    buf = TBAReplayBuffer(capacity=4, eviction="lowest_reward", seed=0)
+    buf.add([sample(j % 3, [j], reward=r) for j, r in enumerate([5, 1, 9, 3, 7, 0, 8])])
+    rewards = sorted(r for _, _, _, r, *_ in buf.get_state()["samples"])
+    assert rewards == [5, 7, 8, 9]
+
+
+def test_dedup_identical_token_sequences():
+    buf = TBAReplayBuffer(seed=0)
+    assert buf.add([sample(0, [1, 2]), sample(0, [1, 2]), sample(1, [1, 2]), sample(0, [1, 2, 3])]) == 3
+    assert buf.stats["duplicates"] == 1 and len(buf) == 3
+
+
+def test_state_round_trip_reproduces_draws():
+    buf = filled(seed=3, capacity=50)
+    buf.mark_sync()
+    buf.add([sample(4, [4, 77], version=2)])
+    state = buf.get_state()
+    other = TBAReplayBuffer(capacity=50, seed=99)
+    other.set_state(state)
+    a = buf.sample(20, 3, m=0.5, reward_inv_temp=0.7)
+    b = other.sample(20, 3, m=0.5, reward_inv_temp=0.7)
+    assert [(s.prompt_key, s.completion.tolist(), s.version) for s in a[0]] == \
+           [(s.prompt_key, s.completion.tolist(), s.version) for s in b[0]]
+    assert (a[2] == b[2]).all() and len(other) == len(buf)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="eviction"):
+        TBAReplayBuffer(eviction="random")
+    with pytest.raises(ValueError, match="empty"):
+        TBAReplayBuffer().sample(1, 1, 0.5)
