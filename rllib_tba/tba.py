@@ -68,6 +68,9 @@ class TBAConfig(AlgorithmConfig):
         self.max_new_tokens = None  # overrides env_config["max_new_tokens"] when set
         # --- the system ---
         self.async_mode = True
+        # Max (samples trained on) / (samples generated). None: the learner never waits (the paper's setting, right
+        # when training is the bottleneck); a number caps replay when searchers are slower than the learner.
+        self.training_intensity = None
         self.updates_per_iteration = 1  # learner updates per training_step() call
         self.searcher_dtype = "bfloat16"  # vLLM weights on the searchers (learner keeps fp32 master weights)
         # --- RLlib defaults that suit TBA ---
@@ -87,7 +90,7 @@ class TBAConfig(AlgorithmConfig):
                  buffer_capacity=NotProvided, per_prompt_capacity=NotProvided, eviction=NotProvided,
                  dedup=NotProvided, min_buffer_size=NotProvided, sampling_temperature=NotProvided,
                  learn_log_z=NotProvided, lr_log_z=NotProvided, lora=NotProvided, max_new_tokens=NotProvided,
-                 async_mode=NotProvided, updates_per_iteration=NotProvided, searcher_dtype=NotProvided,
+                 async_mode=NotProvided, training_intensity=NotProvided, updates_per_iteration=NotProvided, searcher_dtype=NotProvided,
                  **kwargs) -> "TBAConfig":
         super().training(**kwargs)
         for key, value in locals().items():
@@ -125,6 +128,8 @@ class TBAConfig(AlgorithmConfig):
         number("lr", 0, low_open=True)
         number("lr_log_z", 0, low_open=True)
         number("updates_per_iteration", 1, integer=True)
+        if self.training_intensity is not None:
+            number("training_intensity", 0, low_open=True)
         if self.samples_per_prompt < self.num_samples_per_prompt:
             err(f"samples_per_prompt (S={self.samples_per_prompt}) must be >= num_samples_per_prompt "
                 f"(K={self.num_samples_per_prompt}): a searcher generates S samples per prompt, a batch uses K of them")
@@ -188,6 +193,16 @@ class TBA(Algorithm):
         self.timeline = {"updates": deque(maxlen=1000), "samples": deque(maxlen=1000)}  # (start, end) wall times
         self._push_pending = False
         self._sampling: set[int] = set()  # searchers with a generation request in flight
+        self._searcher_stats = deque(maxlen=20)  # the latest searcher reports, averaged into each iteration's metrics
+        self.samples_trained = 0
+        if c.async_mode and c.num_learners == 0 and self._remote():
+            # The learner runs in this process next to the searcher actors: leave them their cores.
+            import os
+
+            import torch
+
+            searcher_cpus = c.num_env_runners * max(1, int(c.num_cpus_per_env_runner))
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) - searcher_cpus))
 
     # ---- searchers -> buffer -----------------------------------------------------------------------------------
     def _remote(self) -> bool:
@@ -218,13 +233,19 @@ class TBA(Algorithm):
         self.counters["samples_dropped_invalid"] += stats.get("num_dropped_invalid_reward", 0)
         self.counters["tokens_generated"] += stats.get("num_tokens", 0)
         self.timeline["samples"].append((stats["sample_start"], stats["sample_end"]))
-        log = self.metrics.log_value
-        log(("searchers", "tokens_per_s"), stats["tokens_per_s"], window=20)
-        log(("searchers", "reward_mean"), stats["reward_mean"], window=20)
-        log(("searchers", "generate_s"), stats["generate_s"], window=20)
-        log(("searchers", "weights_version"), stats["weights_version"], window=1)
-        for key, value in stats.get("task", {}).items():
-            log(("task", key), value, window=20)
+        self._searcher_stats.append(stats)
+
+    def _log_searcher_stats(self) -> None:
+        """Averages of the last reports (so an iteration in which no generation finished still reports values)."""
+        recent = list(self._searcher_stats)
+        if not recent:
+            return
+        values = {("searchers", k): float(np.nanmean([x[k] for x in recent]))
+                  for k in ("tokens_per_s", "reward_mean", "generate_s")}
+        values[("searchers", "weights_version")] = recent[-1]["weights_version"]
+        for key in recent[-1].get("task", {}):
+            values[("task", key)] = float(np.nanmean([x["task"].get(key, np.nan) for x in recent]))
+        self.metrics.log_dict(values, window=1)
 
     @staticmethod
     def episode_to_sample(episode) -> TBSample:
@@ -275,22 +296,31 @@ class TBA(Algorithm):
         if c.async_mode:
             self._fetch_samples()
             self._request_samples()
-            while len(self.buffer) < c.min_buffer_size:  # initial fill: the only time the learner waits
-                self._fetch_samples(timeout_s=0.5)
+            while len(self.buffer) < c.min_buffer_size:  # initial fill: the learner waits only here (and
+                self._fetch_samples(timeout_s=0.5)         # for training_intensity, when set)
                 self._request_samples()
         else:
             self._sample_sync()
             while len(self.buffer) < c.min_buffer_size:
                 self._sample_sync()
-        self.metrics.log_value(("tba", "learner_wait_s"), time.time() - t_wait, reduce="sum", clear_on_reduce=True)
+        waited = time.time() - t_wait
 
         t_learn = time.time()
+        batch_size = c.prompts_per_batch * c.num_samples_per_prompt
         for _ in range(c.updates_per_iteration):
+            if c.async_mode and c.training_intensity is not None:
+                t0 = time.time()
+                while self.samples_trained + batch_size > c.training_intensity * self.counters["samples_received"]:
+                    self._fetch_samples(timeout_s=0.5)
+                    self._request_samples()
+                waited += time.time() - t0
             self._update_once()
             if c.async_mode:
                 self._fetch_samples()
                 self._request_samples()
         elapsed = time.time() - t_learn
+        self.metrics.log_value(("tba", "learner_wait_s"), waited, window=1)
+        self._log_searcher_stats()
         self.metrics.log_value(("tba", "learner_steps_per_s"), c.updates_per_iteration / max(elapsed, 1e-9), window=1)
         self.metrics.log_dict({("tba", k): v for k, v in self.counters.items()}, window=1)
         self.metrics.log_dict({("tba", "buffer_size"): len(self.buffer), ("tba", "buffer_prompts"): self.buffer.num_prompts,
@@ -311,6 +341,7 @@ class TBA(Algorithm):
         )
         self.timeline["updates"].append((t0, time.time()))
         self.weights_version += 1
+        self.samples_trained += len(samples)
         self.counters["updates_with_generation_in_flight"] += int(in_flight)
         self.metrics.aggregate([results] if isinstance(results, dict) else results, key=LEARNER_RESULTS)
         self.metrics.log_dict({("tba", "staleness_mean"): float(staleness.mean()),
@@ -325,7 +356,7 @@ class TBA(Algorithm):
         state = super().get_state(components, not_components=not_components, **kwargs)
         if self._check_component(_TBA_STATE, components, not_components):
             state[_TBA_STATE] = {"buffer": self.buffer.get_state(), "weights_version": self.weights_version,
-                                 "counters": dict(self.counters)}
+                                 "counters": dict(self.counters), "samples_trained": self.samples_trained}
         return state
 
     def set_state(self, state) -> None:
@@ -334,5 +365,6 @@ class TBA(Algorithm):
             tba = state[_TBA_STATE]
             self.buffer.set_state(tba["buffer"])
             self.weights_version = int(tba["weights_version"])
-            self.counters.update(tba["counters"])
+            self.samples_trained = int(tba["samples_trained"])
             self._push_weights(block=True)  # searchers resume from the restored weights and version
+            self.counters.update(tba["counters"])

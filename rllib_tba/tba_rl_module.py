@@ -46,6 +46,16 @@ class TBARLModule(HFCausalLMRLModule, InferenceOnlyAPI):
     def get_non_inference_attributes(self):
         return [LOG_Z_HEAD, "value_head"]
 
+    def get_state(self, components=None, *, not_components=None, inference_only: bool = False, **kwargs):
+        """With ``inference_only`` (what the searchers get) and LoRA: HF-named weights with the adapters merged."""
+        if inference_only and self.lora:
+            from ray.rllib.utils.numpy import convert_to_numpy
+
+            from rllib_tba.hf_rl_module import LM_PREFIX
+
+            return convert_to_numpy(merged_lora_state(self.lm, prefix=LM_PREFIX))
+        return super().get_state(components, not_components=not_components, inference_only=inference_only, **kwargs)
+
     def _forward_train(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
         logp, hidden = response_logprobs(self.lm, batch["input_ids"], batch["attention_mask"], batch["response_mask"],
                                          self.temperature, return_hidden=True)
@@ -55,3 +65,25 @@ class TBARLModule(HFCausalLMRLModule, InferenceOnlyAPI):
             pooled = (hidden.detach() * prompt).sum(1) / prompt.sum(1).clamp(min=1)
             out["log_z"] = self.log_z_head(pooled).squeeze(-1)
         return out
+
+
+def merged_lora_state(lm, prefix: str = "") -> Dict[str, torch.Tensor]:
+    """The HF-named weights of a peft-LoRA model with the adapters merged in (W + B·A·scale), without touching it."""
+    state, handled = {}, set()
+    for name, module in lm.named_modules():
+        if hasattr(module, "base_layer") and hasattr(module, "lora_A") and hasattr(module, "get_delta_weight"):
+            base = module.base_layer
+            weight = base.weight.detach().clone()
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A:
+                    weight += module.get_delta_weight(adapter).detach().to(weight.dtype)
+            state[f"{prefix}{name}.weight"] = weight
+            if getattr(base, "bias", None) is not None:
+                state[f"{prefix}{name}.bias"] = base.bias.detach().clone()
+            handled.add(name)
+    for key, value in lm.state_dict().items():
+        owner = key.rsplit(".base_layer.", 1)[0] if ".base_layer." in key else None
+        if "lora_" in key or owner in handled:
+            continue
+        state[prefix + key] = value
+    return state

@@ -68,6 +68,8 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         self._pending_weights: dict | None = None
         self._stats: dict[str, Any] = {}
         self.num_dropped_invalid = 0
+        if self.worker_index > 0 or self.config.num_env_runners == 0:  # a searcher that will sample: start vLLM now,
+            self.engine  # noqa: B018                                  # not inside the first sample() call
 
     # ---- the vLLM engine -------------------------------------------------------------------------------------
     @property

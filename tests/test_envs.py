@@ -8,7 +8,7 @@ import pytest
 
 import envs
 from envs import PAD, RewardError
-from envs.math_env import MathEnv, final_number, parse_answer, pass_at_1
+from envs.math_env import MathEnv, final_number, parse_answer, pass_at_1, vllm_greedy
 from envs.redteam import RedTeamEnv
 from envs.tldr import TLDREnv, rouge1_f1
 
@@ -239,3 +239,7 @@ def test_tldr_with_a_real_hf_reward_model_by_path(tmp_path, tiny_model):
 def test_pass_at_1_helper(math_env):
     answers = lambda ps: [ids(math_env, f" {p.meta['answer']}") if p.index % 3 == 0 else ids(math_env, " 0.5") for p in ps]
     assert pass_at_1(math_env, answers) == pytest.approx(10 / 30)
+    greedy = vllm_greedy(math_env)  # the untrained tiny model: a real vLLM run, (almost surely) no right answers
+    completions = greedy(math_env.prompts[:4])
+    assert all(0 < len(c) <= math_env.max_new_tokens for c in completions)
+    assert 0.0 <= pass_at_1(math_env, greedy, math_env.prompts[:4]) <= 1.0

@@ -66,3 +66,32 @@ def test_stock_ppo_trains_on_the_math_env(ray_session, tiny_model):
         assert any(not np.allclose(before[k], after[k]) for k in before)  # PPO updated the LM
     finally:
         algo.stop()
+
+
+def test_lora_module_trains_adapters_only_and_exports_merged_weights(tiny_model):
+    """With LoRA the searchers get plain HF-named weights with the adapters merged in, equal in output."""
+    import gymnasium as gym
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+    from transformers import AutoModelForCausalLM
+
+    from rllib_tba.tba_rl_module import TBARLModule
+
+    spec = RLModuleSpec(module_class=TBARLModule, observation_space=gym.spaces.Box(PAD, 383, (16,), np.int64),
+                        action_space=gym.spaces.Discrete(384),
+                        model_config={"model": "tiny-test", "lora": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}})
+    module = spec.build()
+    trainable = [n for n, p in module.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    with torch.no_grad():
+        for n, p in module.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)  # as if trained: the adapters now change the outputs
+    state = module.get_state(inference_only=True)
+    assert not any("lora_" in k or "base_layer" in k for k in state)
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model)
+    before = plain(torch.tensor([[5, 9, 33, 7]])).logits
+    plain.load_state_dict({k[len("lm."):]: torch.as_tensor(v) for k, v in state.items()})
+    with torch.no_grad():
+        ids = torch.tensor([[5, 9, 33, 7]])
+        torch.testing.assert_close(plain(ids).logits, module.lm(ids).logits, atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(plain(ids).logits, before, atol=1e-3)
