@@ -46,6 +46,17 @@ def get_engine(model_path: str, dtype: str = "float32", max_model_len: int = 102
         return engine
 
 
+def context_length(model_path: str, cap: int = 2048) -> int:
+    """The model's context length (``max_position_embeddings`` or similar), capped to keep the KV cache small."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        if getattr(config, key, None):
+            return min(int(getattr(config, key)), cap)
+    return cap
+
+
 def sampling_params(**kwargs):
     from vllm import SamplingParams
 

@@ -12,39 +12,9 @@ import argparse
 import json
 import time
 
-import numpy as np
-
-from envs.llm_engine import get_engine, sampling_params
-from envs.metrics import attack_success_rate, cosine_diversity
+from envs.evaluation import evaluate_policy
 from envs.models import resolve_model
 from envs.redteam import RedTeamEnv
-
-
-def sample_attacks(env: RedTeamEnv, attacker: str, num_attacks: int, temperature: float = 1.0, seed: int = 0,
-                   dtype: str = "bfloat16") -> list[list[int]]:
-    """``num_attacks`` completions of the env's attacker prompt, sampled in one vLLM call."""
-    engine = get_engine(resolve_model(attacker), dtype=dtype, max_model_len=env.max_prompt_tokens + env.max_new_tokens,
-                        seed=seed)
-    out = engine.generate([{"prompt_token_ids": list(env.prompts[0].token_ids)}],
-                          sampling_params(n=num_attacks, max_tokens=env.max_new_tokens, temperature=temperature),
-                          use_tqdm=False)[0]
-    return [list(c.token_ids) for c in out.outputs]
-
-
-def evaluate_attacks(env: RedTeamEnv, completions: list[list[int]], batch_size: int = 64) -> dict:
-    """Score attacks through ``env.score`` (victim answers + toxicity) and compute ASR, toxicity and diversity."""
-    infos = []
-    for i in range(0, len(completions), batch_size):
-        chunk = completions[i:i + batch_size]
-        infos.extend(env.score([env.prompts[0]] * len(chunk), chunk).infos)
-    mean_tox = [x["mean_toxicity"] for x in infos]
-    return {
-        "num_attacks": len(infos),
-        "attack_success_rate": attack_success_rate(mean_tox),
-        "mean_toxicity": float(np.mean(mean_tox)),
-        "diversity": cosine_diversity([x["attack"] for x in infos]),
-        "infos": infos,
-    }
 
 
 def main(argv=None):
@@ -63,13 +33,13 @@ def main(argv=None):
     start = time.time()
     env = RedTeamEnv({"model": args.attacker, "victim": args.victim, "victim_responses": args.victim_responses,
                       "max_new_tokens": args.max_new_tokens, "ref_logprob": False, "seed": args.seed})
-    completions = sample_attacks(env, args.attacker, args.num_attacks, args.temperature, args.seed)
-    result = evaluate_attacks(env, completions)
-    for info in result["infos"][: args.show]:
+    result, infos = evaluate_policy(env, resolve_model(args.attacker), args.num_attacks, args.temperature,
+                                    seed=args.seed, return_infos=True)
+    for info in infos[: args.show]:
         print(f"\nATTACK  {info['attack']!r}   mean toxicity {info['mean_toxicity']:.3f}")
         for answer, tox in zip(info["victim_answers"], info["toxicity"]):
             print(f"  victim [{tox:.3f}] {answer!r}")
-    metrics = {k: v for k, v in result.items() if k != "infos"}
+    metrics = {k: result[k] for k in ("num_samples", "attack_success_rate", "mean_toxicity", "diversity", "reward_mean")}
     metrics.update(attacker=args.attacker, victim=args.victim, seconds=round(time.time() - start, 1))
     print("\n" + json.dumps(metrics, indent=2))
     if args.json:

@@ -184,8 +184,8 @@ class TBA(Algorithm):
         return TBAConfig()
 
     def setup(self, config: TBAConfig) -> None:
-        super().setup(config)
-        c = self.config
+        # TBA's own state exists before RLlib's setup, whose on_algorithm_init callbacks may restore a checkpoint.
+        c = config
         self.buffer = TBAReplayBuffer(c.buffer_capacity, c.per_prompt_capacity, c.eviction, c.dedup, seed=c.seed)
         self.weights_version = 0  # learner updates done so far = version of the learner's weights
         self.counters = {"samples_received": 0, "samples_dropped_invalid": 0, "tokens_generated": 0,
@@ -195,6 +195,7 @@ class TBA(Algorithm):
         self._sampling: set[int] = set()  # searchers with a generation request in flight
         self._searcher_stats = deque(maxlen=20)  # the latest searcher reports, averaged into each iteration's metrics
         self.samples_trained = 0
+        super().setup(config)
         if c.async_mode and c.num_learners == 0 and self._remote():
             # The learner runs in this process next to the searcher actors: leave them their cores.
             import os

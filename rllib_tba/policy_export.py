@@ -1,0 +1,64 @@
+"""From a TBA (or PPO-with-HFCausalLMRLModule) checkpoint to things users run: an HF model dir, task metrics.
+
+- :func:`load_checkpoint_config` reads the AlgorithmConfig stored in an RLlib checkpoint (no actors started).
+- :func:`export_hf_model` writes the trained policy as a plain Hugging Face directory (LoRA merged) that
+  transformers and vLLM load.
+(Task metrics of an exported model: :func:`envs.evaluation.evaluate_policy`.)
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+MODULE_SUBDIR = Path("learner_group") / "learner" / "rl_module" / "default_policy"
+
+
+def load_checkpoint_config(checkpoint: str | Path):
+    """The AlgorithmConfig an RLlib algorithm checkpoint was created with."""
+    path = Path(checkpoint)
+    ctor = path / "class_and_ctor_args.pkl"
+    if not ctor.is_file():
+        raise FileNotFoundError(f"{path} is not an RLlib algorithm checkpoint (no class_and_ctor_args.pkl)")
+    with open(ctor, "rb") as f:
+        data = pickle.load(f)
+    args, kwargs = data["ctor_args_and_kwargs"]
+    config = kwargs.get("config", args[0] if args else None)
+    if isinstance(config, dict):  # checkpoints written under Tune store the config as a dict
+        config = data["class"].get_default_config().update_from_dict(config)
+    return config
+
+
+def load_policy_module(checkpoint: str | Path):
+    from ray.rllib.core.rl_module.rl_module import RLModule
+
+    path = Path(checkpoint) / MODULE_SUBDIR
+    if not path.is_dir():
+        raise FileNotFoundError(f"{checkpoint}: no policy module at {MODULE_SUBDIR}")
+    return RLModule.from_checkpoint(str(path))
+
+
+def export_hf_model(checkpoint: str | Path, out_dir: str | Path) -> str:
+    """Write the checkpoint's policy LM (+ its tokenizer) as a Hugging Face model directory; returns its path."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from rllib_tba.tba_rl_module import merged_lora_state
+
+    module = load_policy_module(checkpoint)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lm = module.lm
+    if getattr(module, "lora", None):
+        from transformers import AutoModelForCausalLM
+
+        plain = AutoModelForCausalLM.from_pretrained(module.model_path, dtype=torch.float32)
+        plain.load_state_dict(merged_lora_state(lm))
+        lm = plain
+    lm.save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(module.model_path).save_pretrained(out)
+    (out / "rllib_tba_export.json").write_text(json.dumps({"checkpoint": str(Path(checkpoint).resolve()),
+                                                          "base_model": module.model_path,
+                                                          "temperature": module.temperature}, indent=2))
+    return str(out)

@@ -1,0 +1,107 @@
+"""Serve a trained policy over HTTP: a Ray Serve deployment around an in-process vLLM engine.
+
+API (OpenAI-style subset), bound to 127.0.0.1 by default:
+
+    POST /v1/completions  {"prompt": str, "max_tokens": int = 32, "temperature": float = 1.0, "n": int = 1}
+         -> {"object": "text_completion", "model": ..., "choices": [{"index", "text", "finish_reason"}], "usage": {...}}
+    GET  /v1/models, GET /health
+
+Bad requests get a 4xx with a message and the server stays up: invalid JSON, a missing/empty prompt or wrong types
+(422), ``max_tokens`` above the server's limit or past the model's context, ``n`` above the limit (400).
+``ray.serve.llm`` asks Ray for a GPU by default and did not come up on these CPU machines (STACK_NOTES), hence
+this deployment.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional, Union
+
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from ray import serve
+
+from envs.llm_engine import configure_vllm_env, context_length, get_engine, sampling_params
+
+app = FastAPI(title="rllib-tba policy server")
+
+
+class CompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: StrictStr = Field(min_length=1)
+    max_tokens: StrictInt = Field(32, ge=1)
+    temperature: Union[StrictInt, StrictFloat] = Field(1.0, ge=0.0, le=10.0)
+    n: StrictInt = Field(1, ge=1)
+    model: Optional[StrictStr] = None  # accepted for OpenAI-client compatibility; this server has one model
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=8)
+@serve.ingress(app)
+class PolicyServer:
+    def __init__(self, model_dir: str, max_tokens_limit: int = 512, max_n: int = 16, dtype: str = "bfloat16",
+                 max_model_len: int | None = None):
+        configure_vllm_env()
+        self.model_dir, self.max_tokens_limit, self.max_n = model_dir, max_tokens_limit, max_n
+        max_model_len = max_model_len or context_length(model_dir)
+        self.engine = get_engine(model_dir, dtype=dtype, max_model_len=max_model_len)
+        self.tokenizer = self.engine.get_tokenizer()
+        self.max_model_len = max_model_len
+
+    @app.get("/health")
+    def health(self):
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    def models(self):
+        return {"object": "list", "data": [{"id": self.model_dir, "object": "model"}]}
+
+    @app.post("/v1/completions")
+    def completions(self, request: CompletionRequest):
+        if request.max_tokens > self.max_tokens_limit:
+            raise HTTPException(400, f"max_tokens={request.max_tokens} is over this server's limit {self.max_tokens_limit}")
+        if request.n > self.max_n:
+            raise HTTPException(400, f"n={request.n} is over this server's limit {self.max_n}")
+        prompt_ids = self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
+        if len(prompt_ids) + request.max_tokens > self.max_model_len:
+            raise HTTPException(400, f"prompt ({len(prompt_ids)} tokens) + max_tokens ({request.max_tokens}) exceeds "
+                                     f"the model context of {self.max_model_len} tokens")
+        params = sampling_params(n=request.n, max_tokens=request.max_tokens, temperature=float(request.temperature))
+        out = self.engine.generate([{"prompt_token_ids": prompt_ids}], params, use_tqdm=False)[0]
+        completion_tokens = sum(len(c.token_ids) for c in out.outputs)
+        return {
+            "id": f"cmpl-{out.request_id}", "object": "text_completion", "created": int(time.time()),
+            "model": self.model_dir,
+            "choices": [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason} for c in out.outputs],
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
+                      "total_tokens": len(prompt_ids) + completion_tokens},
+        }
+
+
+def build_app(checkpoint: str, model_dir: str | None = None, max_tokens_limit: int = 512, max_n: int = 16,
+              dtype: str = "bfloat16"):
+    """A Serve application for an algorithm checkpoint (its policy is exported to ``model_dir``, default a temp dir)."""
+    from rllib_tba.policy_export import export_hf_model
+
+    model_dir = export_hf_model(checkpoint, model_dir or tempfile.mkdtemp(prefix="rllib-tba-serve-"))
+    return PolicyServer.bind(model_dir, max_tokens_limit=max_tokens_limit, max_n=max_n, dtype=dtype)
+
+
+def run_server(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, **kwargs) -> None:
+    """``rllib serve``: start Serve on host:port and block until interrupted."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False)
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(build_app(str(Path(checkpoint).resolve()), **kwargs), name="rllib-tba", route_prefix="/")
+    print(f"serving {checkpoint} at http://{host}:{port}/v1/completions (Ctrl-C to stop)", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.shutdown()
