@@ -8,7 +8,6 @@ Note: reasoning-gym's gsm_symbolic templates derive from GSM8K *test* questions.
 
 from __future__ import annotations
 
-import json
 import re
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from envs.token_env import Prompt, TokenEnv
+from envs.token_env import Prompt, TokenEnv, read_jsonl
 
 DEFAULT_TEMPLATE = "{question}\nGive the final answer as a number at the end."
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
@@ -78,15 +77,7 @@ class MathEnv(TokenEnv):
     def _load_rows(self) -> list:
         source, size = self.config["dataset"], self.config["size"]
         if str(source).endswith(".jsonl") or Path(str(source)).is_file():
-            rows = []
-            with open(source) as f:
-                for lineno, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise ValueError(f"{source}: line {lineno} is not valid JSON ({e.msg})") from None
+            rows = [row for _, row in read_jsonl(source)]
             return rows[:size] if size else rows
         import reasoning_gym
 

@@ -23,7 +23,8 @@ def main(argv=None):
     ap.add_argument("--victim", default="smollm2-135m-instruct")
     ap.add_argument("--num-attacks", type=int, default=32)
     ap.add_argument("--victim-responses", type=int, default=5)
-    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--max-new-tokens", type=int, default=20, help="attack length (tuned_examples/tba_redteam.py: 20)")
+    ap.add_argument("--victim-max-tokens", type=int, default=24)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--show", type=int, default=5, help="how many attacks to print in full")
     ap.add_argument("--seed", type=int, default=0)
@@ -32,7 +33,8 @@ def main(argv=None):
 
     start = time.time()
     env = RedTeamEnv({"model": args.attacker, "victim": args.victim, "victim_responses": args.victim_responses,
-                      "max_new_tokens": args.max_new_tokens, "ref_logprob": False, "seed": args.seed})
+                      "max_new_tokens": args.max_new_tokens, "victim_max_tokens": args.victim_max_tokens,
+                      "ref_logprob": False, "seed": args.seed})
     result, infos = evaluate_policy(env, resolve_model(args.attacker), args.num_attacks, args.temperature,
                                     seed=args.seed, return_infos=True)
     for info in infos[: args.show]:

@@ -11,12 +11,11 @@ A completion without EOS gets ``no_eos_reward`` (-1, as in the paper).
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from pathlib import Path
 
-from envs.token_env import Prompt, TokenEnv
+from envs.token_env import Prompt, TokenEnv, read_jsonl
 
 STANDIN_DATA = str(Path(__file__).parent / "data" / "tldr_standin.jsonl")
 STANDIN_REWARD = "standin-rouge1"
@@ -53,20 +52,13 @@ class TLDREnv(TokenEnv):
     def _load_prompts(self) -> list[Prompt]:
         path = self.config["dataset"]
         prompts = []
-        with open(path) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}: line {lineno} is not valid JSON ({e.msg})") from None
-                if not isinstance(row, dict) or not isinstance(row.get("post"), str):
-                    raise ValueError(f"{path}: line {lineno} needs a string 'post', got {row!r:.200}")
-                if "summary" in row and not isinstance(row["summary"], str):
-                    raise ValueError(f"{path}: line {lineno}: 'summary' must be a string")
-                text = self.render_user_prompt(self.config["template"].format(post=row["post"].strip()))
-                prompts.append(self.make_prompt(len(prompts), text, post=row["post"], summary=row.get("summary")))
+        for lineno, row in read_jsonl(path):
+            if not isinstance(row, dict) or not isinstance(row.get("post"), str):
+                raise ValueError(f"{path}: line {lineno} needs a string 'post', got {row!r:.200}")
+            if "summary" in row and not isinstance(row["summary"], str):
+                raise ValueError(f"{path}: line {lineno}: 'summary' must be a string")
+            text = self.render_user_prompt(self.config["template"].format(post=row["post"].strip()))
+            prompts.append(self.make_prompt(len(prompts), text, post=row["post"], summary=row.get("summary")))
         if self.config["reward_model"] == STANDIN_REWARD:
             missing = [p.index for p in prompts if not p.meta["summary"]]
             if missing:

@@ -217,6 +217,22 @@ class TokenEnv(gym.Env):
         return prompts
 
 
+def read_jsonl(path) -> list[tuple[int, Any]]:
+    """``(line number, parsed row)`` for each non-blank line; invalid JSON is an error naming the file and line."""
+    import json
+
+    rows = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((lineno, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: line {lineno} is not valid JSON ({e.msg})") from None
+    return rows
+
+
 def _generation_eos_ids(model_path: str) -> list[int]:
     from transformers import GenerationConfig
 

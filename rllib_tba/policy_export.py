@@ -33,7 +33,7 @@ def load_checkpoint_config(checkpoint: str | Path):
 def load_policy_module(checkpoint: str | Path):
     from ray.rllib.core.rl_module.rl_module import RLModule
 
-    path = Path(checkpoint) / MODULE_SUBDIR
+    path = Path(checkpoint).resolve() / MODULE_SUBDIR  # RLlib wants an absolute path (or URI)
     if not path.is_dir():
         raise FileNotFoundError(f"{checkpoint}: no policy module at {MODULE_SUBDIR}")
     return RLModule.from_checkpoint(str(path))

@@ -33,7 +33,7 @@ from ray.rllib.utils.metrics import LEARNER_RESULTS
 
 from rllib_tba.tba_learner import TBATorchLearner, build_train_batch
 from rllib_tba.tba_replay_buffer import EVICTION_POLICIES, TBAReplayBuffer, TBSample
-from rllib_tba.tba_rl_module import TBARLModule
+from rllib_tba.tba_rl_module import LEARNER_PRECISIONS, TBARLModule
 from rllib_tba.vllm_env_runner import ACTION_LOGP, WEIGHTS_VERSION, VLLMEnvRunner
 
 SEARCHER_DTYPES = ("bfloat16", "float32", "float16", "auto")
@@ -73,6 +73,7 @@ class TBAConfig(AlgorithmConfig):
         self.training_intensity = None
         self.updates_per_iteration = 1  # learner updates per training_step() call
         self.searcher_dtype = "bfloat16"  # vLLM weights on the searchers (learner keeps fp32 master weights)
+        self.learner_precision = "fp32"  # or "bf16-mixed": bf16 autocast matmuls (~1.6x faster on AVX512-bf16 CPUs)
         # --- RLlib defaults that suit TBA ---
         self.lr = 1e-5  # GSM8K 1e-5, TL;DR 3e-6
         self.grad_clip = 1.0  # Lee et al. clip at 1.0; None = no clipping (TBA reference code)
@@ -90,7 +91,8 @@ class TBAConfig(AlgorithmConfig):
                  buffer_capacity=NotProvided, per_prompt_capacity=NotProvided, eviction=NotProvided,
                  dedup=NotProvided, min_buffer_size=NotProvided, sampling_temperature=NotProvided,
                  learn_log_z=NotProvided, lr_log_z=NotProvided, lora=NotProvided, max_new_tokens=NotProvided,
-                 async_mode=NotProvided, training_intensity=NotProvided, updates_per_iteration=NotProvided, searcher_dtype=NotProvided,
+                 async_mode=NotProvided, training_intensity=NotProvided, updates_per_iteration=NotProvided,
+                 searcher_dtype=NotProvided, learner_precision=NotProvided,
                  **kwargs) -> "TBAConfig":
         super().training(**kwargs)
         for key, value in locals().items():
@@ -153,6 +155,8 @@ class TBAConfig(AlgorithmConfig):
             err(f"lora must be None or a dict of peft.LoraConfig arguments (e.g. {{'r': 8}}), got {self.lora!r}")
         if self.searcher_dtype not in SEARCHER_DTYPES:
             err(f"searcher_dtype must be one of {SEARCHER_DTYPES}, got {self.searcher_dtype!r}")
+        if self.learner_precision not in LEARNER_PRECISIONS:
+            err(f"learner_precision must be one of {LEARNER_PRECISIONS}, got {self.learner_precision!r}")
         if self.env is None:
             err("TBA needs a token-level task: config.environment('tba/RedTeam-v0' | 'tba/Math-v0' | ..., env_config=...)")
         if self.async_mode and self.num_env_runners < 1 and not self.in_evaluation:
@@ -172,7 +176,7 @@ class TBAConfig(AlgorithmConfig):
     def get_default_rl_module_spec(self) -> RLModuleSpec:
         return RLModuleSpec(module_class=TBARLModule, model_config={
             "model": self.policy_model, "temperature": self.sampling_temperature, "learn_log_z": self.learn_log_z,
-            "lora": self.lora, "value_head": False})
+            "lora": self.lora, "value_head": False, "precision": self.learner_precision})
 
     def get_default_learner_class(self):
         return TBATorchLearner
@@ -193,7 +197,7 @@ class TBA(Algorithm):
         self.timeline = {"updates": deque(maxlen=1000), "samples": deque(maxlen=1000)}  # (start, end) wall times
         self._push_pending = False
         self._sampling: set[int] = set()  # searchers with a generation request in flight
-        self._searcher_stats = deque(maxlen=20)  # the latest searcher reports, averaged into each iteration's metrics
+        self._searcher_stats = deque(maxlen=5)  # the latest searcher reports, averaged into each iteration's metrics
         self.samples_trained = 0
         super().setup(config)
         if c.async_mode and c.num_learners == 0 and self._remote():

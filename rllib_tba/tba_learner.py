@@ -74,7 +74,7 @@ class TBATorchLearner(TorchLearner):
         beta = self.current_beta(config)
         with torch.no_grad():
             ref_logp = response_logprobs(self._ref_lm, batch["input_ids"], batch["attention_mask"],
-                                         batch["response_mask"], module.temperature)
+                                         batch["response_mask"], module.temperature, precision=module.precision)
         logp, reward = fwd_out["logp"], batch["reward"].to(fwd_out["logp"].dtype)
         log_z = fwd_out.get("log_z")
         loss = tb_loss(logp, ref_logp, reward, batch["group"], beta, log_z)

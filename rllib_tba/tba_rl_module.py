@@ -18,14 +18,23 @@ from rllib_tba.hf_rl_module import HFCausalLMRLModule
 LOG_Z_HEAD = "log_z_head"
 
 
+LEARNER_PRECISIONS = ("fp32", "bf16-mixed")
+
+
 def response_logprobs(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor,
-                      temperature: float, return_hidden: bool = False):
+                      temperature: float, return_hidden: bool = False, precision: str = "fp32"):
     """Sum over response tokens of log softmax(logits / temperature), per row.
 
     ``input_ids`` (N, L): prompt then response, right-padded; ``response_mask`` (N, L): 1 where the token is a
     response token. Logits are only computed where the next token is a response token (cheap for large vocabularies).
+    ``precision="bf16-mixed"`` runs the matmuls under bf16 autocast (fp32 master weights, fp32 log-softmax).
     """
-    hidden = lm.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+        hidden = lm.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return _response_logprobs(lm, hidden, input_ids, response_mask, temperature, return_hidden)
+
+
+def _response_logprobs(lm, hidden, input_ids, response_mask, temperature, return_hidden):
     predict = response_mask[:, 1:].bool()  # position t predicts token t+1
     rows = torch.nonzero(predict, as_tuple=True)[0]
     logits = lm.get_output_embeddings()(hidden[:, :-1][predict]).float() / temperature
@@ -38,6 +47,9 @@ class TBARLModule(HFCausalLMRLModule, InferenceOnlyAPI):
     def setup(self):
         self.model_config = {"value_head": False, **(self.model_config or {})}
         super().setup()
+        self.precision = self.model_config.get("precision", "fp32")
+        if self.precision not in LEARNER_PRECISIONS:
+            raise ValueError(f"model_config['precision'] must be one of {LEARNER_PRECISIONS}, got {self.precision!r}")
         self.log_z_head = torch.nn.Linear(self.lm.config.hidden_size, 1) if self.model_config.get("learn_log_z") else None
         if self.log_z_head is not None:
             torch.nn.init.zeros_(self.log_z_head.weight)
@@ -58,11 +70,11 @@ class TBARLModule(HFCausalLMRLModule, InferenceOnlyAPI):
 
     def _forward_train(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
         logp, hidden = response_logprobs(self.lm, batch["input_ids"], batch["attention_mask"], batch["response_mask"],
-                                         self.temperature, return_hidden=True)
+                                         self.temperature, return_hidden=True, precision=self.precision)
         out = {"logp": logp}
         if self.log_z_head is not None:
             prompt = batch["prompt_mask"].unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden.detach() * prompt).sum(1) / prompt.sum(1).clamp(min=1)
+            pooled = (hidden.detach().float() * prompt).sum(1) / prompt.sum(1).clamp(min=1)
             out["log_z"] = self.log_z_head(pooled).squeeze(-1)
         return out
 

@@ -23,11 +23,15 @@ config = (
         "ref_logprob": False,         # the learner computes reference log-probs itself
     })
     .training(
-        policy_model="smollm2-135m-instruct", max_new_tokens=24, sampling_temperature=1.0,
+        policy_model="smollm2-135m-instruct", max_new_tokens=20, sampling_temperature=1.0,
         beta=0.05, m=0.5, sync_every=10,
         prompts_per_batch=2, num_samples_per_prompt=8, samples_per_prompt=32, prompts_per_sample=1,
-        min_buffer_size=32, buffer_capacity=100_000, reward_inv_temp=0.0,
-        lr=3e-5, grad_clip=1.0, updates_per_iteration=5,
+        # one attacker instruction = one prompt group: the per-prompt cap must hold the whole buffer. Off-policy draws
+        # are reward-prioritised (softmax(1.0 * mean log-toxicity) ∝ toxicity), like the replay of Lee et al.
+        min_buffer_size=32, buffer_capacity=100_000, per_prompt_capacity=100_000, reward_inv_temp=1.0,
+        lr=2e-4, grad_clip=1.0, updates_per_iteration=5,
+        # CPU budget: LoRA on every linear layer + bf16 autocast make a learner step ~2x cheaper than full fp32
+        lora={"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}, learner_precision="bf16-mixed",
     )
     .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
     .debugging(seed=0)
