@@ -155,11 +155,11 @@ class TokenEnv(gym.Env):
         return ScoreResult(rewards, list(infos), valid)
 
     def task_metrics(self, infos: Sequence[dict]) -> dict[str, float]:
-        """Batch metrics from final-step infos: the mean of every numeric or boolean field. Tasks add their own."""
+        """Batch metrics from final-step infos: the mean of every finite numeric or boolean field. Tasks add their own."""
         sums: dict[str, list] = {}
         for info in infos:
             for key, value in info.items():
-                if isinstance(value, (bool, int, float, np.number)) and key != "reward_valid":
+                if isinstance(value, (bool, int, float, np.number)) and key != "reward_valid" and np.isfinite(value):
                     sums.setdefault(key, []).append(float(value))
         return {key: float(np.mean(v)) for key, v in sums.items()}
 

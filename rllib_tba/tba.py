@@ -279,9 +279,9 @@ class TBA(Algorithm):
             components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}", inference_only=True,
         )[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
         payload = {COMPONENT_RL_MODULE: state, WEIGHTS_VERSION: self.weights_version}
-        if self.env_runner is not None:
+        if not self._remote():  # the local runner is the searcher (with remote searchers it never samples)
             self.env_runner.set_state(payload)
-        if self._remote():
+        else:
             ref = ray.put(payload)
             if block:
                 self.env_runner_group.foreach_env_runner(lambda r: r.set_state(ray.get(ref)), local_env_runner=False)

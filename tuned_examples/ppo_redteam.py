@@ -20,9 +20,12 @@ config = (
         "toxicity": "profanity-check", "reward": "toxicity", "ref_logprob": False, "max_new_tokens": 24,
     })
     .rl_module(rl_module_spec=RLModuleSpec(module_class=HFCausalLMRLModule,
-                                           model_config={"model": "smollm2-135m-instruct", "temperature": 1.0}))
-    .env_runners(num_env_runners=1, num_cpus_per_env_runner=1, rollout_fragment_length=384)
-    .training(train_batch_size_per_learner=384, minibatch_size=128, num_epochs=1, lr=3e-6, gamma=1.0, lambda_=1.0,
+                                           model_config={"model": "smollm2-135m-instruct", "temperature": 1.0,
+                                                         "gradient_checkpointing": True}))
+    # One LM forward per token on the env runner, and PPO's learner runs the LM once per token-step (each a whole
+    # sequence): small batches keep it inside 24 GB (192 steps per batch needed > 20 GB). No sample timeout.
+    .env_runners(num_env_runners=1, num_cpus_per_env_runner=1, rollout_fragment_length=64, sample_timeout_s=None)
+    .training(train_batch_size_per_learner=64, minibatch_size=16, num_epochs=1, lr=3e-6, gamma=1.0, lambda_=1.0,
               entropy_coeff=0.0, kl_coeff=0.0, grad_clip=1.0)
     .debugging(seed=0)
 )
