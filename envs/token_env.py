@@ -16,7 +16,6 @@ the policy emits EOS or after ``max_new_tokens`` tokens; the reward is 0 until t
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -253,8 +252,3 @@ def _positive_int(config: dict, key: str) -> int:
 def log_clip(p: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     """log(p) with p clipped into [eps, 1] so that a 0 probability gives a finite (very negative) log."""
     return np.log(np.clip(np.asarray(p, dtype=np.float64), eps, 1.0))
-
-
-def mean_or_nan(values) -> float:
-    values = list(values)
-    return float(np.mean(values)) if values else math.nan

@@ -6,7 +6,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import envs
+import envs  # noqa: F401  (registers the tba/* ids)
 from envs import PAD, RewardError
 from envs.math_env import MathEnv, final_number, parse_answer, pass_at_1, vllm_greedy
 from envs.redteam import RedTeamEnv
