@@ -91,13 +91,17 @@ def cmd_evaluate(args) -> int:
     from rllib_tba.vllm_env_runner import make_task_env
 
     config = load_checkpoint_config(args.checkpoint)
+    if args.env_config:
+        config.env_config = {**dict(config.env_config or {}), **args.env_config}
     env = make_task_env(config)
     with tempfile.TemporaryDirectory(prefix="rllib-tba-eval-") as tmp:
-        model_dir = export_hf_model(args.checkpoint, tmp)
+        # --base-model: the same task and settings, but the policy the run started from (before/after comparisons)
+        model_dir = env.model_path if args.base_model else export_hf_model(args.checkpoint, tmp)
         temperature = args.temperature if args.temperature is not None else getattr(config, "sampling_temperature", 1.0)
         metrics = evaluate_policy(env, model_dir, args.num_samples, temperature=temperature, greedy=args.greedy,
                                   seed=args.seed)
     metrics["checkpoint"] = str(args.checkpoint)
+    metrics["model"] = "base (untrained)" if args.base_model else "trained"
     print(json.dumps(metrics, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(metrics, indent=2))
@@ -145,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--temperature", type=float, help="default: the checkpoint's sampling_temperature")
     ev.add_argument("--greedy", action="store_true", help="greedy decoding (math: pass@1)")
     ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--env-config", type=_json_arg, help="env_config overrides, e.g. held-out problems: "
+                    "'{\"dataset_seed\": 1}'")
+    ev.add_argument("--base-model", action="store_true", help="evaluate the run's starting model instead")
     ev.add_argument("--json", help="also write the metrics to this file")
     ev.set_defaults(func=cmd_evaluate)
 

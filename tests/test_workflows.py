@@ -90,6 +90,12 @@ def test_cli_evaluate_and_export(trained, tmp_path):
     metrics = last_json(proc.stdout)
     assert metrics["num_samples"] == 12 and -1.0 <= metrics["reward_mean"] <= 1.0 and "eos" in metrics
     assert json.loads((tmp_path / "m.json").read_text())["num_samples"] == 12
+    # the run's starting model on the same task, with an env_config override (a harsher no-EOS penalty): the
+    # untrained tiny model almost never stops, so its mean reward sits near the new penalty
+    proc = rllib("evaluate", trained["checkpoint"], "--num-samples", "12", "--base-model",
+                 "--env-config", '{"no_eos_reward": -5.0}')
+    base = last_json(proc.stdout)
+    assert base["model"] == "base (untrained)" and base["reward_mean"] < -3.0
 
     out = tmp_path / "hf"
     rllib("export", trained["checkpoint"], str(out))

@@ -20,10 +20,12 @@ config = (
         "dataset_seed": 0,            # training problems; evaluate on another seed (held out)
     })
     .training(
-        policy_model="smollm2-135m-instruct", max_new_tokens=48, sampling_temperature=1.0,
+        policy_model="smollm2-135m-instruct", max_new_tokens=32, sampling_temperature=1.0,
         m=0.95, sync_every=2, beta_schedule=[[0, 0.012], [500, 0.004]],
-        prompts_per_batch=4, num_samples_per_prompt=8, samples_per_prompt=8, prompts_per_sample=8,
-        min_buffer_size=64, lr=1e-5, grad_clip=1.0, updates_per_iteration=5,
+        prompts_per_batch=2, num_samples_per_prompt=8, samples_per_prompt=8, prompts_per_sample=8,
+        min_buffer_size=64, lr=1e-4, grad_clip=1.0, updates_per_iteration=5,
+        # CPU budget (see tba_redteam.py): LoRA on every linear layer + bf16 autocast in the learner
+        lora={"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}, learner_precision="bf16-mixed",
     )
     .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
     .debugging(seed=0)
