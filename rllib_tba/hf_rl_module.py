@@ -4,7 +4,7 @@ Token-level use (any RLlib algorithm, e.g. PPO): the observation is the token id
 (``envs.PAD``); the action distribution inputs are the LM's next-token logits divided by ``temperature``; an
 optional linear value head on the last hidden state implements ``ValueFunctionAPI``.
 
-Sequence-level use (TBA's learner): :meth:`token_logprobs` gives per-token log-probs of whole sequences.
+Sequence-level use (TBA's learner): :func:`rllib_tba.tba_rl_module.response_logprobs` on ``module.lm``.
 
 ``model_config`` keys: ``model`` (embedded name, HF id or path; required), ``temperature`` (1.0),
 ``value_head`` (True), ``lora`` (None, or a dict of ``peft.LoraConfig`` arguments, e.g. ``{"r": 8}``),
@@ -70,15 +70,3 @@ class HFCausalLMRLModule(TorchRLModule, ValueFunctionAPI):
         if embeddings is None:
             embeddings = self._last_hidden(batch[Columns.OBS])
         return self.value_head(embeddings).squeeze(-1)
-
-    # ---- sequence-level ----------------------------------------------------------------------------------------
-    def token_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       temperature: float | None = None) -> torch.Tensor:
-        """log pi(token_t | tokens_<t) for t = 1..L-1 at ``temperature`` (default: the module's): shape (B, L-1).
-
-        Padded positions give arbitrary values: mask them. Computed in fp32 via log_softmax.
-        """
-        temperature = self.temperature if temperature is None else temperature
-        logits = self.lm(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-        logp = torch.log_softmax(logits / temperature, dim=-1)
-        return logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)

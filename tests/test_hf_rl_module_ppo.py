@@ -23,6 +23,8 @@ def test_action_logits_equal_hf_next_token_logits(module, tiny_model):
     from ray.rllib.core.columns import Columns
     from transformers import AutoModelForCausalLM
 
+    from rllib_tba.tba_rl_module import response_logprobs
+
     hf = AutoModelForCausalLM.from_pretrained(tiny_model)
     rows = [[5, 9, 33, 7], [12, 40], [3, 3, 3, 3, 3, 3, 3]]
     obs = torch.full((3, 16), PAD, dtype=torch.long)
@@ -35,10 +37,13 @@ def test_action_logits_equal_hf_next_token_logits(module, tiny_model):
         for i, r in enumerate(rows):
             expected = hf(torch.tensor([r])).logits[0, -1] / 0.7
             torch.testing.assert_close(out[i], expected, atol=1e-4, rtol=1e-4)
-            # sequence log-probs agree with the same model
-            lp = module.token_logprobs(torch.tensor([r]), torch.ones(1, len(r), dtype=torch.long))
-            ref = torch.log_softmax(hf(torch.tensor([r])).logits[0, :-1] / 0.7, -1).gather(-1, torch.tensor(r[1:])[:, None])[:, 0]
-            torch.testing.assert_close(lp[0], ref, atol=1e-5, rtol=1e-5)
+            # summed response log-probs (TBA's learner) agree with the same model: tokens 1.. as the response
+            ids = torch.tensor([r])
+            resp = torch.ones(1, len(r))
+            resp[0, 0] = 0
+            lp = response_logprobs(module.lm, ids, torch.ones_like(ids), resp, 0.7)
+            ref = torch.log_softmax(hf(ids).logits[0, :-1] / 0.7, -1).gather(-1, ids[0, 1:, None])[:, 0].sum()
+            torch.testing.assert_close(lp[0], ref, atol=1e-4, rtol=1e-5)
 
 
 def test_stock_ppo_trains_on_the_math_env(ray_session, tiny_model):
