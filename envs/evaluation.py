@@ -2,25 +2,40 @@
 
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
 import numpy as np
 
 from envs.llm_engine import get_engine, sampling_params
-from envs.token_env import TokenEnv
+from envs.token_env import Prompt, TokenEnv
+
+
+def vllm_generator(env: TokenEnv, model_path: str | None = None, temperature: float = 1.0, dtype: str = "bfloat16",
+                   seed: int = 0) -> Callable[[Sequence[Prompt]], list[list[int]]]:
+    """``generate(prompts) -> completions``: one response per prompt from ``model_path`` (default: the env's model)
+    with an in-process vLLM engine, stopping where the env's episodes end (EOS ids, ``max_new_tokens``)."""
+    engine = get_engine(model_path or env.model_path, dtype=dtype, seed=seed,
+                        max_model_len=env.max_prompt_tokens + env.max_new_tokens)
+    params = sampling_params(max_tokens=env.max_new_tokens, temperature=temperature,
+                             stop_token_ids=sorted(env.eos_token_ids))
+
+    def generate(prompts):
+        outs = engine.generate([{"prompt_token_ids": list(p.token_ids)} for p in prompts], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    return generate
 
 
 def evaluate_policy(env: TokenEnv, model_path: str, num_samples: int, temperature: float = 1.0, greedy: bool = False,
                     seed: int = 0, dtype: str = "bfloat16", batch_size: int = 64, return_infos: bool = False):
     """Sample ``num_samples`` responses (prompts cycled through the task's dataset; greedy: one per prompt), score
     them with the env, and return mean reward + the env's task metrics (``env.task_metrics``)."""
-    engine = get_engine(model_path, dtype=dtype, seed=seed, max_model_len=env.max_prompt_tokens + env.max_new_tokens)
-    params = sampling_params(max_tokens=env.max_new_tokens, temperature=0.0 if greedy else temperature,
-                             stop_token_ids=sorted(env.eos_token_ids))
+    generate = vllm_generator(env, model_path, temperature=0.0 if greedy else temperature, dtype=dtype, seed=seed)
     prompts = [env.prompts[i % len(env.prompts)] for i in range(num_samples)]
     rewards, infos = [], []
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start:start + batch_size]
-        outs = engine.generate([{"prompt_token_ids": list(p.token_ids)} for p in chunk], params, use_tqdm=False)
-        result = env.score(chunk, [list(o.outputs[0].token_ids) for o in outs])
+        result = env.score(chunk, generate(chunk))
         rewards.extend(result.rewards[result.valid].tolist())
         infos.extend(info for info, ok in zip(result.infos, result.valid) if ok)
     metrics = {"num_samples": len(rewards), "reward_mean": float(np.mean(rewards)) if rewards else float("nan"),

@@ -104,13 +104,6 @@ def pass_at_1(env: MathEnv, generate: Callable[[Sequence[Prompt]], Sequence[Sequ
 
 def vllm_greedy(env: TokenEnv, model_path: str | None = None, dtype: str = "float32") -> Callable:
     """A ``generate`` for :func:`pass_at_1`: greedy decoding of ``model_path`` (default: the env's model) with vLLM."""
-    from envs.llm_engine import get_engine, sampling_params
+    from envs.evaluation import vllm_generator
 
-    engine = get_engine(model_path or env.model_path, dtype=dtype, max_model_len=env.max_prompt_tokens + env.max_new_tokens)
-    params = sampling_params(max_tokens=env.max_new_tokens, temperature=0.0, stop_token_ids=sorted(env.eos_token_ids))
-
-    def generate(prompts):
-        outs = engine.generate([{"prompt_token_ids": list(p.token_ids)} for p in prompts], params, use_tqdm=False)
-        return [list(o.outputs[0].token_ids) for o in outs]
-
-    return generate
+    return vllm_generator(env, model_path, temperature=0.0, dtype=dtype)
