@@ -44,7 +44,7 @@ def export_hf_model(checkpoint: str | Path, out_dir: str | Path) -> str:
     import torch
     from transformers import AutoTokenizer
 
-    from rllib_tba.tba_rl_module import merged_lora_state
+    from rllib_tba.hf_rl_module import merged_lora_state
 
     module = load_policy_module(checkpoint)
     out = Path(out_dir)

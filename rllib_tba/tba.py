@@ -29,11 +29,12 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
-from ray.rllib.utils.metrics import LEARNER_RESULTS
+from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, LEARNER_RESULTS
 
 from rllib_tba.tba_learner import TBATorchLearner, build_train_batch
 from rllib_tba.tba_replay_buffer import EVICTION_POLICIES, TBAReplayBuffer, TBSample
-from rllib_tba.tba_rl_module import LEARNER_PRECISIONS, TBARLModule
+from rllib_tba.hf_rl_module import LEARNER_PRECISIONS
+from rllib_tba.tba_rl_module import TBARLModule
 from rllib_tba.vllm_env_runner import ACTION_LOGP, WEIGHTS_VERSION, VLLMEnvRunner
 
 SEARCHER_DTYPES = ("bfloat16", "float32", "float16", "auto")
@@ -226,12 +227,13 @@ class TBA(Algorithm):
     def _fetch_samples(self, timeout_s: float = 0.0) -> int:
         results = self.env_runner_group.fetch_ready_async_reqs(tags="sample", timeout_seconds=timeout_s)
         self.env_runner_group.fetch_ready_async_reqs(tags="weights", timeout_seconds=0.0)  # clear finished syncs
-        for runner_id, (episodes, stats) in results:
+        for runner_id, (episodes, stats, rllib_metrics) in results:
             self._sampling.discard(runner_id)
-            self._ingest(episodes, stats)
+            self._ingest(episodes, stats, rllib_metrics)
         return len(results)
 
-    def _ingest(self, episodes, stats) -> None:
+    def _ingest(self, episodes, stats, rllib_metrics) -> None:
+        self.metrics.aggregate([rllib_metrics], key=ENV_RUNNER_RESULTS)  # RLlib's env_runners/* results
         samples = [self.episode_to_sample(ep) for ep in episodes]
         self.buffer.add(samples)
         self.counters["samples_received"] += len(samples)
@@ -270,8 +272,8 @@ class TBA(Algorithm):
             results = self.env_runner_group.foreach_env_runner(lambda r: r.sample_with_metrics(), local_env_runner=False)
         else:
             results = [self.env_runner.sample_with_metrics()]
-        for episodes, stats in results:
-            self._ingest(episodes, stats)
+        for episodes, stats, rllib_metrics in results:
+            self._ingest(episodes, stats, rllib_metrics)
 
     # ---- learner -> searchers ----------------------------------------------------------------------------------
     def _push_weights(self, block: bool) -> None:

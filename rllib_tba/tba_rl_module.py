@@ -18,9 +18,6 @@ from rllib_tba.hf_rl_module import HFCausalLMRLModule
 LOG_Z_HEAD = "log_z_head"
 
 
-LEARNER_PRECISIONS = ("fp32", "bf16-mixed")
-
-
 def response_logprobs(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor,
                       temperature: float, return_hidden: bool = False, precision: str = "fp32"):
     """Sum over response tokens of log softmax(logits / temperature), per row.
@@ -47,9 +44,6 @@ class TBARLModule(HFCausalLMRLModule, InferenceOnlyAPI):
     def setup(self):
         self.model_config = {"value_head": False, **(self.model_config or {})}
         super().setup()
-        self.precision = self.model_config.get("precision", "fp32")
-        if self.precision not in LEARNER_PRECISIONS:
-            raise ValueError(f"model_config['precision'] must be one of {LEARNER_PRECISIONS}, got {self.precision!r}")
         self.log_z_head = torch.nn.Linear(self.lm.config.hidden_size, 1) if self.model_config.get("learn_log_z") else None
         if self.log_z_head is not None:
             torch.nn.init.zeros_(self.log_z_head.weight)
@@ -57,16 +51,6 @@ class TBARLModule(HFCausalLMRLModule, InferenceOnlyAPI):
 
     def get_non_inference_attributes(self):
         return [LOG_Z_HEAD, "value_head"]
-
-    def get_state(self, components=None, *, not_components=None, inference_only: bool = False, **kwargs):
-        """With ``inference_only`` (what the searchers get) and LoRA: HF-named weights with the adapters merged."""
-        if inference_only and self.lora:
-            from ray.rllib.utils.numpy import convert_to_numpy
-
-            from rllib_tba.hf_rl_module import LM_PREFIX
-
-            return convert_to_numpy(merged_lora_state(self.lm, prefix=LM_PREFIX))
-        return super().get_state(components, not_components=not_components, inference_only=inference_only, **kwargs)
 
     def _forward_train(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
         logp, hidden = response_logprobs(self.lm, batch["input_ids"], batch["attention_mask"], batch["response_mask"],
@@ -77,25 +61,3 @@ class TBARLModule(HFCausalLMRLModule, InferenceOnlyAPI):
             pooled = (hidden.detach().float() * prompt).sum(1) / prompt.sum(1).clamp(min=1)
             out["log_z"] = self.log_z_head(pooled).squeeze(-1)
         return out
-
-
-def merged_lora_state(lm, prefix: str = "") -> Dict[str, torch.Tensor]:
-    """The HF-named weights of a peft-LoRA model with the adapters merged in (W + B·A·scale), without touching it."""
-    state, handled = {}, set()
-    for name, module in lm.named_modules():
-        if hasattr(module, "base_layer") and hasattr(module, "lora_A") and hasattr(module, "get_delta_weight"):
-            base = module.base_layer
-            weight = base.weight.detach().clone()
-            for adapter in module.active_adapters:
-                if adapter in module.lora_A:
-                    weight += module.get_delta_weight(adapter).detach().to(weight.dtype)
-            state[f"{prefix}{name}.weight"] = weight
-            if getattr(base, "bias", None) is not None:
-                state[f"{prefix}{name}.bias"] = base.bias.detach().clone()
-            handled.add(name)
-    for key, value in lm.state_dict().items():
-        owner = key.rsplit(".base_layer.", 1)[0] if ".base_layer." in key else None
-        if "lora_" in key or owner in handled:
-            continue
-        state[prefix + key] = value
-    return state

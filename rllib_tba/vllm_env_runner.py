@@ -1,10 +1,17 @@
 """TBA's searcher as an RLlib EnvRunner: generates with an in-process vLLM engine, scores through the env.
 
-One ``sample()`` call draws ``prompts_per_sample`` prompts from the task, generates ``samples_per_prompt`` (S)
+One generation call draws ``prompts_per_sample`` prompts from the task, generates ``samples_per_prompt`` (S)
 responses for each in ONE batched vLLM call, scores them all with one ``env.score()`` call, and returns
 ``SingleAgentEpisode`` objects identical to stepping the token env (same observations, actions, rewards, infos),
 with per-token sampler log-probs (``action_logp``) and the generating weight version (``weights_version``) in
 ``extra_model_outputs``. Samples whose reward is NaN/inf (env ``on_invalid_reward="drop"``) are dropped and counted.
+
+Any RLlib algorithm can use it (``config.env_runners(env_runner_cls=VLLMEnvRunner)``, e.g. PPO): with a TBAConfig
+the knobs above come from ``training()``; with any other config one call generates ``num_envs_per_env_runner``
+episodes (one prompt each) at the RLModule's ``model_config["temperature"]``, with fp32 weights so the sampler's
+log-probs match the learner's. ``sample(num_episodes=..., num_timesteps=..., explore=False)`` work as in RLlib
+(``explore=False``: greedy), and ``get_metrics()`` reports RLlib's standard env-runner metrics (episode return and
+length, sampled steps and episodes, lifetime counts, throughput) plus the task's metrics under ``task``.
 
 Weights arrive through ``set_state`` and are loaded into the running engine with vLLM's ``reload_weights`` followed
 by ``reset_prefix_cache`` (cached KV of the old weights must not be reused); the engine is never restarted.
@@ -17,13 +24,24 @@ import time
 from typing import Any
 
 import numpy as np
+import ray
 import torch
 from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.env import INPUT_ENV_SINGLE_SPACES, INPUT_ENV_SPACES
 from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from ray.rllib.utils.checkpoints import Checkpointable
-from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
+from ray.rllib.utils.metrics import (
+    EPISODE_LEN_MEAN,
+    EPISODE_RETURN_MAX,
+    EPISODE_RETURN_MEAN,
+    EPISODE_RETURN_MIN,
+    NUM_ENV_STEPS_SAMPLED,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    NUM_EPISODES,
+    NUM_EPISODES_LIFETIME,
+    WEIGHTS_SEQ_NO,
+)
 
 from envs.llm_engine import configure_vllm_env, get_engine, sampling_params
 from envs.token_env import PAD, TokenEnv
@@ -56,12 +74,24 @@ def make_task_env(config) -> TokenEnv:
     return env
 
 
+def sampler_settings(config) -> dict:
+    """How a VLLMEnvRunner samples under ``config``: TBAConfig names the knobs; any other AlgorithmConfig gets
+    ``num_envs_per_env_runner`` single-sample prompts per call at the RLModule's temperature, fp32 weights."""
+    if hasattr(config, "samples_per_prompt"):  # TBAConfig
+        return {"prompts_per_call": config.prompts_per_sample, "samples_per_prompt": config.samples_per_prompt,
+                "temperature": config.sampling_temperature, "dtype": config.searcher_dtype}
+    model_config = getattr(config.rl_module_spec, "model_config", None) or config.model_config
+    return {"prompts_per_call": max(1, int(config.num_envs_per_env_runner)), "samples_per_prompt": 1,
+            "temperature": float(model_config.get("temperature", 1.0)), "dtype": "float32"}
+
+
 class VLLMEnvRunner(EnvRunner, Checkpointable):
     def __init__(self, *, config, **kwargs):
         configure_vllm_env(num_threads=int(config.num_cpus_per_env_runner) or None)
         super().__init__(config=config, **kwargs)
         self.worker_index = kwargs.get("worker_index", 0) or 0
         self.env = make_task_env(self.config)
+        self.settings = sampler_settings(self.config)
         self.rng = np.random.default_rng(None if self.config.seed is None else self.config.seed + self.worker_index)
         self.weights_version = 0
         self._engine = None
@@ -77,7 +107,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         if self._engine is None:
             c = self.config
             self._engine = get_engine(
-                self.env.model_path, dtype=c.searcher_dtype, seed=(c.seed or 0) + self.worker_index,
+                self.env.model_path, dtype=self.settings["dtype"], seed=(c.seed or 0) + self.worker_index,
                 max_model_len=self.env.max_prompt_tokens + self.env.max_new_tokens,
                 logprobs_mode="processed_logprobs",  # log-probs of the tempered distribution that was sampled
             )
@@ -103,12 +133,31 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         self.weights_version = int(version)
 
     # ---- sampling ----------------------------------------------------------------------------------------------
-    def sample(self, **kwargs) -> list[SingleAgentEpisode]:
-        c, env = self.config, self.env
+    def sample(self, *, num_timesteps=None, num_episodes=None, explore=None, random_actions=False, **kwargs):
+        """Complete episodes: one generation call, or as many as ``num_episodes`` / ``num_timesteps`` need."""
+        if random_actions:
+            raise ValueError("VLLMEnvRunner samples from the policy LM; random_actions=True (uniform random tokens "
+                             "over the vocabulary) is not supported")
+        greedy = explore is False
+        episodes, steps = [], 0
+        while True:
+            want = None if num_episodes is None else num_episodes - len(episodes)
+            new = self._generate(want, greedy)
+            if not new:  # every sample of the call was dropped (counted and logged in _generate)
+                return episodes
+            episodes += new
+            steps += sum(len(e) for e in new)
+            if (num_episodes is None or len(episodes) >= num_episodes) and (num_timesteps is None or steps >= num_timesteps):
+                return episodes
+
+    def _generate(self, num_episodes: int | None, greedy: bool) -> list[SingleAgentEpisode]:
+        s, env = self.settings, self.env
         t0 = time.time()
-        indices = self.rng.integers(len(env.prompts), size=c.prompts_per_sample)
+        per_prompt = 1 if greedy else s["samples_per_prompt"]
+        num_prompts = s["prompts_per_call"] if num_episodes is None else -(-num_episodes // per_prompt)
+        indices = self.rng.integers(len(env.prompts), size=num_prompts)
         prompts = [env.prompts[int(i)] for i in indices]
-        params = sampling_params(n=c.samples_per_prompt, temperature=c.sampling_temperature,
+        params = sampling_params(n=per_prompt, temperature=0.0 if greedy else s["temperature"],
                                  max_tokens=env.max_new_tokens, logprobs=0, stop_token_ids=sorted(env.eos_token_ids))
         version = self.weights_version
         outputs = self.engine.generate([{"prompt_token_ids": list(p.token_ids)} for p in prompts], params, use_tqdm=False)
@@ -120,6 +169,8 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
                 flat_prompts.append(p)
                 completions.append(ids)
                 logps.append(np.asarray([lp[t].logprob for t, lp in zip(ids, comp.logprobs)], np.float32))
+        if num_episodes is not None:
+            flat_prompts, completions, logps = flat_prompts[:num_episodes], completions[:num_episodes], logps[:num_episodes]
         scored = env.score(flat_prompts, completions)
         episodes = [self._episode(p, ids, lp, r, info, version)
                     for p, ids, lp, r, info, ok in zip(flat_prompts, completions, logps, scored.rewards, scored.infos, scored.valid)
@@ -132,6 +183,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         num_tokens = sum(len(x) for x in completions)
         self.num_env_steps_sampled_lifetime += num_tokens
         t_end = time.time()
+        task = env.task_metrics([info for info, ok in zip(scored.infos, scored.valid) if ok])
         self._stats = {
             "num_samples": len(episodes),
             "num_dropped_invalid_reward": dropped,
@@ -143,9 +195,26 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
             "sample_end": t_end,
             "weights_version": version,
             "reward_mean": float(np.nanmean(scored.rewards)) if len(scored.rewards) else float("nan"),
-            "task": env.task_metrics([info for info, ok in zip(scored.infos, scored.valid) if ok]),
+            "task": task,
         }
+        self._log_rllib_metrics(episodes, task)
         return episodes
+
+    def _log_rllib_metrics(self, episodes, task: dict) -> None:
+        """RLlib's standard EnvRunner metrics (what Algorithm results show under ``env_runners``)."""
+        m, steps = self.metrics, sum(len(e) for e in episodes)
+        m.log_value(NUM_ENV_STEPS_SAMPLED, steps, reduce="sum")
+        m.log_value(NUM_EPISODES, len(episodes), reduce="sum")
+        m.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, steps, reduce="lifetime_sum", with_throughput=True)
+        m.log_value(NUM_EPISODES_LIFETIME, len(episodes), reduce="lifetime_sum")
+        window = max(1, self.config.metrics_num_episodes_for_smoothing // max(1, self.config.num_env_runners))
+        for e in episodes:
+            m.log_value(EPISODE_RETURN_MEAN, e.get_return(), window=window)
+            m.log_value(EPISODE_LEN_MEAN, len(e), window=window)
+            m.log_value(EPISODE_RETURN_MIN, e.get_return(), reduce="min", window=window)
+            m.log_value(EPISODE_RETURN_MAX, e.get_return(), reduce="max", window=window)
+        for key, value in task.items():
+            m.log_value(("task", key), value, window=1)
 
     def _episode(self, prompt, ids, logp, reward, info, version) -> SingleAgentEpisode:
         """The episode stepping the token env with these actions would produce."""
@@ -167,11 +236,13 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         )
 
     def get_metrics(self) -> dict:
-        return dict(self._stats)
+        """RLlib's reduced EnvRunner metrics since the last call (see ``_log_rllib_metrics``)."""
+        return self.metrics.reduce()
 
     def sample_with_metrics(self):
-        """``(episodes, metrics)`` in one remote call (the algorithm's async loop uses this)."""
-        return self.sample(), self.get_metrics()
+        """``(episodes, searcher stats of this call, RLlib metrics)`` in one remote call (TBA's async loop)."""
+        episodes = self.sample()
+        return episodes, dict(self._stats), self.get_metrics()
 
     # ---- EnvRunner / Checkpointable API -----------------------------------------------------------------------
     def get_spaces(self):
@@ -190,8 +261,12 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
             self.num_env_steps_sampled_lifetime = int(state[NUM_ENV_STEPS_SAMPLED_LIFETIME])
         if COMPONENT_RL_MODULE in state:
             module_state = state[COMPONENT_RL_MODULE]
+            if isinstance(module_state, ray.ObjectRef):  # EnvRunnerGroup.sync_weights puts the weights in the store
+                module_state = ray.get(module_state)
             module_state = module_state.get(DEFAULT_MODULE_ID, module_state)
-            self.load_weights(module_state, state.get(WEIGHTS_VERSION, self.weights_version))
+            # TBA stamps its learner version; other algorithms' syncs carry RLlib's weights sequence number
+            version = state.get(WEIGHTS_VERSION, state.get(WEIGHTS_SEQ_NO) or self.weights_version + 1)
+            self.load_weights(module_state, version)
         elif WEIGHTS_VERSION in state:
             self.weights_version = int(state[WEIGHTS_VERSION])
 

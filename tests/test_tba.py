@@ -55,7 +55,8 @@ def test_searcher_episodes_equal_stepping_the_env(tiny_model):
     config = tldr_config(max_new_tokens=8, prompts_per_sample=3, samples_per_prompt=4, num_samples_per_prompt=4)
     runner = VLLMEnvRunner(config=config, worker_index=0)
     episodes = runner.sample()
-    assert len(episodes) == 12 and runner.get_metrics()["num_tokens"] > 0
+    metrics = runner.get_metrics()
+    assert len(episodes) == 12 and metrics["num_env_steps_sampled"].peek() == sum(len(e) for e in episodes)
     env = runner.env
     for ep in episodes:
         obs, info = env.reset(options={"prompt_index": ep.get_infos(0)["prompt_index"]})
