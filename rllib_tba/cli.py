@@ -87,12 +87,10 @@ def cmd_evaluate(args) -> int:
     import tempfile
 
     from envs.evaluation import evaluate_policy
-    from rllib_tba.policy_export import export_hf_model, load_checkpoint_config
+    from rllib_tba.policy_export import export_hf_model, load_checkpoint_config, with_env_overrides
     from rllib_tba.vllm_env_runner import make_task_env
 
-    config = load_checkpoint_config(args.checkpoint)
-    if args.env_config:
-        config.env_config = {**dict(config.env_config or {}), **args.env_config}
+    config = with_env_overrides(load_checkpoint_config(args.checkpoint), args.env_config or {})
     env = make_task_env(config)
     with tempfile.TemporaryDirectory(prefix="rllib-tba-eval-") as tmp:
         # --base-model: the same task and settings, but the policy the run started from (before/after comparisons)

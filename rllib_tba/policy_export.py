@@ -1,6 +1,7 @@
 """From a TBA (or PPO-with-HFCausalLMRLModule) checkpoint to things users run: an HF model dir, task metrics.
 
-- :func:`load_checkpoint_config` reads the AlgorithmConfig stored in an RLlib checkpoint (no actors started).
+- :func:`load_checkpoint_config` reads the AlgorithmConfig stored in an RLlib checkpoint (no actors started);
+  :func:`with_env_overrides` changes its task settings.
 - :func:`export_hf_model` writes the trained policy as a plain Hugging Face directory (LoRA merged) that
   transformers and vLLM load.
 (Task metrics of an exported model: :func:`envs.evaluation.evaluate_policy`.)
@@ -27,6 +28,16 @@ def load_checkpoint_config(checkpoint: str | Path):
     config = kwargs.get("config", args[0] if args else None)
     if isinstance(config, dict):  # checkpoints written under Tune store the config as a dict
         config = data["class"].get_default_config().update_from_dict(config)
+    return config
+
+
+def with_env_overrides(config, overrides: dict):
+    """``config`` with ``overrides`` merged into its env_config (e.g. held-out data seeds). ``max_new_tokens`` also
+    replaces TBAConfig's own ``max_new_tokens``, which would otherwise win over env_config."""
+    if overrides:
+        config.env_config = {**dict(config.env_config or {}), **overrides}
+        if "max_new_tokens" in overrides and getattr(config, "max_new_tokens", None) is not None:
+            config.max_new_tokens = overrides["max_new_tokens"]
     return config
 
 

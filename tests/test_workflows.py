@@ -96,6 +96,13 @@ def test_cli_evaluate_and_export(trained, tmp_path):
                  "--env-config", '{"no_eos_reward": -5.0}')
     base = last_json(proc.stdout)
     assert base["model"] == "base (untrained)" and base["reward_mean"] < -3.0
+    # an env_config override of max_new_tokens wins over the TBAConfig setting stored in the checkpoint
+    from rllib_tba.policy_export import load_checkpoint_config, with_env_overrides
+    from rllib_tba.vllm_env_runner import make_task_env
+
+    config = load_checkpoint_config(trained["checkpoint"])
+    assert make_task_env(config).max_new_tokens != 3
+    assert make_task_env(with_env_overrides(config, {"max_new_tokens": 3})).max_new_tokens == 3
 
     out = tmp_path / "hf"
     rllib("export", trained["checkpoint"], str(out))

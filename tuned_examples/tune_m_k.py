@@ -1,7 +1,7 @@
 """Ray Tune grid search over TBA's m (most-on-policy probability) and k (sync_every), CPU-sized.
 
     .venv/bin/python tuned_examples/tune_m_k.py                       # 4 x 3 grid on the tiny model, stand-in TL;DR
-    .venv/bin/python tuned_examples/tune_m_k.py --m 0.5 0.95 --k 2 --iterations 3
+    .venv/bin/python tuned_examples/tune_m_k.py --m 0.5 0.95 --k 2 --iterations 3 --seed 1 --out results/tune_seed1
 
 Each trial trains the same budget of learner updates; the score is the searchers' mean reward over the last
 iterations. Prints the best trial and writes a results table (CSV) and a plot (PNG: final reward vs m, one line
@@ -30,7 +30,7 @@ def base_config(args) -> TBAConfig:
                   searcher_dtype="float32", updates_per_iteration=5, training_intensity=4.0,
                   m=tune.grid_search(args.m), sync_every=tune.grid_search(args.k))
         .env_runners(num_env_runners=1)
-        .debugging(seed=0)
+        .debugging(seed=args.seed)
     )
 
 
@@ -40,6 +40,7 @@ def main(argv=None):
     ap.add_argument("--k", type=int, nargs="+", default=[1, 2, 10])
     ap.add_argument("--iterations", type=int, default=8)
     ap.add_argument("--model", default="tiny-test")
+    ap.add_argument("--seed", type=int, default=0, help="seed of every trial (searcher sampling, buffer draws)")
     ap.add_argument("--out", default="results/tune_m_k")
     args = ap.parse_args(argv)
     out = Path(args.out).resolve()
