@@ -31,9 +31,9 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, LEARNER_RESULTS
 
+from rllib_tba.hf_rl_module import LEARNER_PRECISIONS
 from rllib_tba.tba_learner import TBATorchLearner, build_train_batch
 from rllib_tba.tba_replay_buffer import EVICTION_POLICIES, TBAReplayBuffer, TBSample
-from rllib_tba.hf_rl_module import LEARNER_PRECISIONS
 from rllib_tba.tba_rl_module import TBARLModule
 from rllib_tba.vllm_env_runner import ACTION_LOGP, WEIGHTS_VERSION, VLLMEnvRunner
 
