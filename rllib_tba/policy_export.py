@@ -32,12 +32,13 @@ def load_checkpoint_config(checkpoint: str | Path):
 
 
 def with_env_overrides(config, overrides: dict):
-    """``config`` with ``overrides`` merged into its env_config (e.g. held-out data seeds). ``max_new_tokens`` also
-    replaces TBAConfig's own ``max_new_tokens``, which would otherwise win over env_config."""
+    """``config`` with ``overrides`` merged into its env_config (e.g. held-out data seeds). Keys that an algorithm
+    setting would replace (TBAConfig.ENV_CONFIG_FIELDS, e.g. ``max_new_tokens``) set that setting instead."""
     if overrides:
         config.env_config = {**dict(config.env_config or {}), **overrides}
-        if "max_new_tokens" in overrides and getattr(config, "max_new_tokens", None) is not None:
-            config.max_new_tokens = overrides["max_new_tokens"]
+        for key, attr in getattr(config, "ENV_CONFIG_FIELDS", {}).items():
+            if key in overrides:
+                setattr(config, attr, overrides[key])
     return config
 
 

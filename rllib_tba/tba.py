@@ -166,12 +166,14 @@ class TBAConfig(AlgorithmConfig):
         if self.num_learners > 1:
             err("num_learners must be 0 (learner in the driver) or 1 (one remote learner); multi-learner TBA is not supported yet")
 
+    # env_config keys that a TBAConfig setting replaces when that setting is not None
+    ENV_CONFIG_FIELDS = {"model": "policy_model", "max_new_tokens": "max_new_tokens"}
+
     @property
     def task_env_config(self) -> dict:
-        """env_config with the algorithm-level overrides (policy model, max_new_tokens) applied."""
-        overrides = {"model": self.policy_model}
-        if self.max_new_tokens is not None:
-            overrides["max_new_tokens"] = self.max_new_tokens
+        """env_config with the algorithm-level overrides (``ENV_CONFIG_FIELDS``) applied."""
+        overrides = {key: getattr(self, attr) for key, attr in self.ENV_CONFIG_FIELDS.items()
+                     if getattr(self, attr) is not None}
         return {**dict(self.env_config or {}), **overrides}
 
     def get_default_rl_module_spec(self) -> RLModuleSpec:

@@ -28,16 +28,12 @@ def response_logprobs(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     """
     with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
         hidden = lm.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return _response_logprobs(lm, hidden, input_ids, response_mask, temperature, return_hidden)
-
-
-def _response_logprobs(lm, hidden, input_ids, response_mask, temperature, return_hidden):
-    predict = response_mask[:, 1:].bool()  # position t predicts token t+1
-    rows = torch.nonzero(predict, as_tuple=True)[0]
-    logits = lm.get_output_embeddings()(hidden[:, :-1][predict]).float() / temperature
-    token_lp = torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1:][predict].unsqueeze(-1)).squeeze(-1)
-    logp = torch.zeros(len(input_ids), dtype=token_lp.dtype, device=token_lp.device).index_add_(0, rows, token_lp)
-    return (logp, hidden) if return_hidden else logp
+        predict = response_mask[:, 1:].bool()  # position t predicts token t+1
+        rows = torch.nonzero(predict, as_tuple=True)[0]
+        logits = lm.get_output_embeddings()(hidden[:, :-1][predict]).float() / temperature
+        token_lp = torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1:][predict].unsqueeze(-1)).squeeze(-1)
+        logp = torch.zeros(len(input_ids), dtype=token_lp.dtype, device=token_lp.device).index_add_(0, rows, token_lp)
+        return (logp, hidden) if return_hidden else logp
 
 
 class TBARLModule(HFCausalLMRLModule, InferenceOnlyAPI):
