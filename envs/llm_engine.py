@@ -40,8 +40,11 @@ def get_engine(model_path: str, dtype: str = "float32", max_model_len: int = 102
             configure_vllm_env()
             from vllm import LLM
 
-            engine = LLM(model=model_path, dtype=dtype, enforce_eager=True, max_model_len=max_model_len, seed=seed,
-                         **kwargs)
+            from envs.models import explain_model_errors
+
+            with explain_model_errors(model_path):
+                engine = LLM(model=model_path, dtype=dtype, enforce_eager=True, max_model_len=max_model_len, seed=seed,
+                             **kwargs)
             _ENGINES[key] = engine
         return engine
 

@@ -81,7 +81,12 @@ class MathEnv(TokenEnv):
             return rows[:size] if size else rows
         import reasoning_gym
 
-        ds = reasoning_gym.create_dataset(source, size=size, seed=self.config["dataset_seed"], **self.config["dataset_kwargs"])
+        try:
+            ds = reasoning_gym.create_dataset(source, size=size, seed=self.config["dataset_seed"],
+                                              **self.config["dataset_kwargs"])
+        except Exception as e:  # noqa: BLE001 - unknown generator name or bad generator kwargs
+            raise ValueError(f"math dataset {source!r}: not an existing .jsonl file and not a usable reasoning-gym "
+                             f"dataset (e.g. 'basic_arithmetic', 'gsm_symbolic'): {type(e).__name__}: {e}") from None
         return [{"question": x["question"], "answer": x["answer"]} for x in ds]
 
     def _score(self, prompts, completions):

@@ -40,8 +40,11 @@ class ToxicityScorer:
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(name)
-        model = AutoModelForSequenceClassification.from_pretrained(name).to(device).eval()
+        from envs.models import explain_model_errors
+
+        with explain_model_errors(name, f"toxicity scorer (use {PROFANITY_CHECK!r} or an HF text-classification model)"):
+            tokenizer = AutoTokenizer.from_pretrained(name)
+            model = AutoModelForSequenceClassification.from_pretrained(name).to(device).eval()
         labels = {i: str(l).lower() for i, l in model.config.id2label.items()}
         toxic = [i for i, l in labels.items() if any(w in l for w in _TOXIC_LABEL_WORDS)]
         if not toxic and model.config.num_labels == 2:

@@ -15,6 +15,7 @@ a half model behind; a file lock makes concurrent callers (several Ray actors) b
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -47,6 +48,12 @@ def resolve_model(name: str) -> str:
     if not isinstance(name, str) or not name:
         raise ValueError(f"model must be a non-empty string (an embedded name {EMBEDDED_MODELS}, an HF id or a path), got {name!r}")
     if name not in EMBEDDED_MODELS:
+        local = Path(name).expanduser()
+        if local.exists():
+            return str(local)
+        if name.startswith(("/", "./", "../", "~")) or os.sep + os.sep in name:
+            raise FileNotFoundError(f"model path {name!r} does not exist (embedded names: {', '.join(EMBEDDED_MODELS)}; "
+                                    "or a Hugging Face model id)")
         return name
     target = cache_dir() / f"{name}-v{_BUILD_VERSION[name]}"
     if (target / "config.json").is_file():
@@ -65,6 +72,19 @@ def resolve_model(name: str) -> str:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return str(target)
+
+
+@contextlib.contextmanager
+def explain_model_errors(name: str, what: str = "model"):
+    """Turn a loader's OSError (hub unreachable, no such repo, missing files) into one line naming ``what``/``name``
+    and what is accepted, instead of a Hugging Face hub traceback."""
+    try:
+        yield
+    except OSError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise OSError(f"{what} {name!r} could not be loaded: it is not an embedded name ({', '.join(EMBEDDED_MODELS)}), "
+                      f"not an existing local directory, and not a Hugging Face model id available here "
+                      f"(offline machines need the model in the local HF cache). Loader said: {first}") from e
 
 
 def smollm2_gguf_path() -> Path:

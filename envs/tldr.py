@@ -15,6 +15,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from envs.models import explain_model_errors
 from envs.token_env import Prompt, TokenEnv, read_jsonl
 
 STANDIN_DATA = str(Path(__file__).parent / "data" / "tldr_standin.jsonl")
@@ -70,10 +71,11 @@ class TLDREnv(TokenEnv):
     def _load_reward_model(name: str):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(name)
+        with explain_model_errors(name, f"reward_model (use {STANDIN_REWARD!r} or an HF sequence-classification model)"):
+            tokenizer = AutoTokenizer.from_pretrained(name)
+            model = AutoModelForSequenceClassification.from_pretrained(name).eval()
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
-        model = AutoModelForSequenceClassification.from_pretrained(name).eval()
         return tokenizer, model
 
     def _rm_scores(self, texts: list[str]) -> list[float]:

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import gymnasium as gym
 import numpy as np
 
-from envs.models import resolve_model
+from envs.models import explain_model_errors, resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +83,9 @@ class TokenEnv(gym.Env):
 
         from transformers import AutoConfig, AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        vocab = max(AutoConfig.from_pretrained(self.model_path).vocab_size, len(self.tokenizer))
+        with explain_model_errors(self.config["model"]):
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+            vocab = max(AutoConfig.from_pretrained(self.model_path).vocab_size, len(self.tokenizer))
         self.eos_token_id = self.tokenizer.eos_token_id
         # Every id that ends generation: the tokenizer's EOS and the model's generation-config EOS ids (Llama-3 has
         # several), so that an episode ends exactly where vLLM stops.

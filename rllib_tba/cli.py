@@ -29,6 +29,33 @@ def _json_arg(text: str):
     return value
 
 
+def _int_at_least(low: int, high: int | None = None):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {'>= ' + str(low) if high is None else f'in [{low}, {high}]'}, "
+                                             f"got {value}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def _finite_float(text: str) -> float:
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
 def load_experiment_file(path: str):
     """``(config, stop)`` from a tuned-example file."""
     file = Path(path)
@@ -48,8 +75,12 @@ def load_experiment_file(path: str):
 
 
 def cmd_train(args) -> int:
-    import ray
+    import os
+
     from ray import tune
+
+    from rllib_tba.checkpoint_files import ALGORITHM_STATE
+    from rllib_tba.local_ray import check_cluster_fits, init_local_ray, sigterm_as_keyboard_interrupt
 
     config, stop = load_experiment_file(args.path)
     if args.stop is not None:  # the command line wins; otherwise the file's `stop` holds
@@ -57,21 +88,40 @@ def cmd_train(args) -> int:
     if args.num_env_runners is not None:
         config.env_runners(num_env_runners=args.num_env_runners)
     if args.restore:
-        checkpoint = str(Path(args.restore).resolve())
-        config.callbacks(on_algorithm_init=lambda algorithm, **_: algorithm.restore_from_path(checkpoint))
+        checkpoint = Path(args.restore).resolve()
+        if not (checkpoint / ALGORITHM_STATE).is_file():
+            raise SystemExit(f"rllib train --restore: {args.restore} is not an algorithm checkpoint "
+                             "(no algorithm_state.pkl); pass a checkpoint_NNNNNN directory of a trial")
+        config.callbacks(on_algorithm_init=lambda algorithm, **_: algorithm.restore_from_path(str(checkpoint)))
+    try:
+        config.validate()
+    except ValueError as e:
+        raise SystemExit(f"rllib train: {args.path}: {e}") from None
     storage = str(Path(args.storage_path).resolve())
     name = args.name or Path(args.path).stem
-    if not ray.is_initialized():
-        ray.init(num_cpus=args.num_cpus, include_dashboard=False)
-    run_config = tune.RunConfig(
-        name=name, storage_path=storage, stop=stop, verbose=args.verbose,
-        checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=args.checkpoint_freq,
-                                                checkpoint_at_end=args.checkpoint_at_end),
-    )
     experiment = Path(storage) / name
-    if args.resume and tune.Tuner.can_restore(str(experiment)):
-        tuner = tune.Tuner.restore(str(experiment), trainable=config.algo_class, resume_unfinished=True, resume_errored=True)
+    # Tune saves the experiment state (which checkpoints exist) after every result instead of every ~10 s, so a
+    # SIGKILL cannot leave checkpoints that --resume does not know about.
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
+    init_local_ray(args.num_cpus)
+    sigterm_as_keyboard_interrupt()  # after ray.init, which installs a SIGTERM handler of its own
+    check_cluster_fits(config)
+    if args.resume:
+        if not tune.Tuner.can_restore(str(experiment)):
+            raise SystemExit(f"rllib train --resume: there is no experiment to resume at {experiment}; run without "
+                             "--resume to start one (or give the same --name/--storage-path as the interrupted run)")
+        # The experiment's own run config (stop, checkpointing) holds; its trial restarts from its latest checkpoint.
+        if args.stop is not None:
+            print("rllib train --resume: --stop is ignored; the interrupted run's stop criteria hold", file=sys.stderr)
+        tuner = tune.Tuner.restore(str(experiment), trainable=config.algo_class, param_space=config,
+                                   resume_unfinished=True, resume_errored=True)
     else:
+        run_config = tune.RunConfig(
+            name=name, storage_path=storage, stop=stop, verbose=args.verbose,
+            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=args.checkpoint_freq,
+                                                    checkpoint_at_end=args.checkpoint_at_end,
+                                                    num_to_keep=args.keep_checkpoints),
+        )
         tuner = tune.Tuner(config.algo_class, param_space=config, run_config=run_config)
     results = tuner.fit()
     best = results.get_best_result() if len(results) else None
@@ -123,6 +173,7 @@ def cmd_serve(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rllib", description="rllib-tba: train, evaluate, serve and export RLlib LLM policies.")
+    ap.add_argument("--traceback", action="store_true", help="show the full traceback of an input error")
     sub = ap.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="train from a tuned-example file under Ray Tune")
@@ -130,12 +181,14 @@ def build_parser() -> argparse.ArgumentParser:
     f = train_sub.add_parser("file", help="a .py file defining `config` (AlgorithmConfig) and optionally `stop`")
     f.add_argument("path")
     f.add_argument("--stop", type=_json_arg, default=None, help="Tune stop criteria as JSON; overrides the file's `stop`")
-    f.add_argument("--checkpoint-freq", type=int, default=0, help="checkpoint every N iterations (0: never)")
+    f.add_argument("--checkpoint-freq", type=_int_at_least(0), default=0, help="checkpoint every N iterations (0: never)")
+    f.add_argument("--keep-checkpoints", type=_int_at_least(1), default=None,
+                   help="keep only the N most recent checkpoints of a trial (default: all)")
     f.add_argument("--checkpoint-at-end", action=argparse.BooleanOptionalAction, default=True)
     f.add_argument("--storage-path", default="results", help="where Tune writes results, TensorBoard files, checkpoints")
     f.add_argument("--name", help="experiment name (default: the file's stem)")
-    f.add_argument("--num-env-runners", type=int, help="override config.num_env_runners")
-    f.add_argument("--num-cpus", type=int, default=None, help="CPUs Ray may use (default: all)")
+    f.add_argument("--num-env-runners", type=_int_at_least(0), help="override config.num_env_runners")
+    f.add_argument("--num-cpus", type=_int_at_least(1), default=None, help="CPUs Ray may use (default: all)")
     f.add_argument("--restore", help="start from this algorithm checkpoint (weights, optimizer, buffer, counters)")
     f.add_argument("--resume", action="store_true", help="resume an interrupted experiment of the same name")
     f.add_argument("--verbose", type=int, default=1, choices=[0, 1, 2, 3])
@@ -143,8 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("evaluate", help="task metrics of a checkpoint's policy on N samples")
     ev.add_argument("checkpoint")
-    ev.add_argument("--num-samples", type=int, default=256)
-    ev.add_argument("--temperature", type=float, help="default: the checkpoint's sampling_temperature")
+    ev.add_argument("--num-samples", type=_int_at_least(1), default=256)
+    ev.add_argument("--temperature", type=_finite_float, help="default: the checkpoint's sampling_temperature")
     ev.add_argument("--greedy", action="store_true", help="greedy decoding (math: pass@1)")
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--env-config", type=_json_arg, help="env_config overrides, e.g. held-out problems: "
@@ -156,9 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("serve", help="serve a checkpoint's policy over HTTP with Ray Serve + vLLM")
     sv.add_argument("checkpoint")
     sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--max-tokens-limit", type=int, default=512)
-    sv.add_argument("--max-n", type=int, default=16)
+    sv.add_argument("--port", type=_int_at_least(1, 65535), default=8000)
+    sv.add_argument("--max-tokens-limit", type=_int_at_least(1), default=512)
+    sv.add_argument("--max-n", type=_int_at_least(1), default=16)
     sv.set_defaults(func=cmd_serve)
 
     ex = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model directory")
@@ -173,7 +226,14 @@ def main(argv=None) -> int:
     import envs  # noqa: F401  (registers the tba/* environments)
     import rllib_tba  # noqa: F401  (registers TBA with Tune)
 
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (ValueError, OSError) as e:  # bad input (config, checkpoint, data, model): one line that names it
+        if args.traceback:
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"rllib {args.command}: error: {first} (rerun with --traceback for details)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@
 from __future__ import annotations
 
 import json
-import pickle
 from pathlib import Path
+
+from rllib_tba.checkpoint_files import load_pickle
 
 MODULE_SUBDIR = Path("learner_group") / "learner" / "rl_module" / "default_policy"
 
@@ -22,8 +23,7 @@ def load_checkpoint_config(checkpoint: str | Path):
     ctor = path / "class_and_ctor_args.pkl"
     if not ctor.is_file():
         raise FileNotFoundError(f"{path} is not an RLlib algorithm checkpoint (no class_and_ctor_args.pkl)")
-    with open(ctor, "rb") as f:
-        data = pickle.load(f)
+    data = load_pickle(ctor)
     args, kwargs = data["ctor_args_and_kwargs"]
     config = kwargs.get("config", args[0] if args else None)
     if isinstance(config, dict):  # checkpoints written under Tune store the config as a dict

@@ -18,9 +18,11 @@ Synchronous mode (``async_mode=False``, the speed baseline): generate → add �
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 import ray
@@ -29,16 +31,40 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils.annotations import override
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, LEARNER_RESULTS
 
+from rllib_tba.checkpoint_files import CheckpointError, find_damaged_checkpoint_file, read_checkpoint_state
 from rllib_tba.hf_rl_module import LEARNER_PRECISIONS
 from rllib_tba.tba_learner import TBATorchLearner, build_train_batch
 from rllib_tba.tba_replay_buffer import EVICTION_POLICIES, TBAReplayBuffer, TBSample
 from rllib_tba.tba_rl_module import TBARLModule
-from rllib_tba.vllm_env_runner import ACTION_LOGP, WEIGHTS_VERSION, VLLMEnvRunner
+from rllib_tba.vllm_env_runner import ACTION_LOGP, WEIGHTS_VERSION, SearchError, VLLMEnvRunner
+
+logger = logging.getLogger(__name__)
 
 SEARCHER_DTYPES = ("bfloat16", "float32", "float16", "auto")
 _TBA_STATE = "tba"
+
+
+def _finite_number(x) -> bool:
+    return not isinstance(x, bool) and isinstance(x, (int, float, np.number)) and math.isfinite(x)
+
+
+def _lora_fields() -> set[str]:
+    import dataclasses
+
+    from peft import LoraConfig
+
+    return {f.name for f in dataclasses.fields(LoraConfig)} - {"task_type"}
+
+
+class SearcherFailure(RuntimeError):
+    """The searchers cannot deliver samples: all dead and not brought back, or one raised inside ``sample()``."""
+
+
+class SampleWaitTimeout(TimeoutError):
+    """The learner waited ``sample_wait_timeout_s`` for samples that did not come (the message says why)."""
 
 
 class TBAConfig(AlgorithmConfig):
@@ -69,6 +95,9 @@ class TBAConfig(AlgorithmConfig):
         self.max_new_tokens = None  # overrides env_config["max_new_tokens"] when set
         # --- the system ---
         self.async_mode = True
+        # Longest wait (s) without progress: the learner waiting for samples (initial fill, training_intensity) with
+        # none arriving, or every searcher down with none brought back. Then train() raises with a diagnosis.
+        self.sample_wait_timeout_s = 600.0
         # Max (samples trained on) / (samples generated). None: the learner never waits (the paper's setting, right
         # when training is the bottleneck); a number caps replay when searchers are slower than the learner.
         self.training_intensity = None
@@ -92,7 +121,8 @@ class TBAConfig(AlgorithmConfig):
                  buffer_capacity=NotProvided, per_prompt_capacity=NotProvided, eviction=NotProvided,
                  dedup=NotProvided, min_buffer_size=NotProvided, sampling_temperature=NotProvided,
                  learn_log_z=NotProvided, lr_log_z=NotProvided, lora=NotProvided, max_new_tokens=NotProvided,
-                 async_mode=NotProvided, training_intensity=NotProvided, updates_per_iteration=NotProvided,
+                 async_mode=NotProvided, sample_wait_timeout_s=NotProvided, training_intensity=NotProvided,
+                 updates_per_iteration=NotProvided,
                  searcher_dtype=NotProvided, learner_precision=NotProvided,
                  **kwargs) -> "TBAConfig":
         super().training(**kwargs)
@@ -131,6 +161,10 @@ class TBAConfig(AlgorithmConfig):
         number("lr", 0, low_open=True)
         number("lr_log_z", 0, low_open=True)
         number("updates_per_iteration", 1, integer=True)
+        number("sample_wait_timeout_s", 0, low_open=True)
+        for name in ("async_mode", "dedup", "learn_log_z"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                err(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.training_intensity is not None:
             number("training_intensity", 0, low_open=True)
         if self.samples_per_prompt < self.num_samples_per_prompt:
@@ -142,18 +176,25 @@ class TBAConfig(AlgorithmConfig):
             err(f"eviction must be one of {EVICTION_POLICIES}, got {self.eviction!r}")
         if self.beta_schedule is not None:
             ok = isinstance(self.beta_schedule, (list, tuple)) and len(self.beta_schedule) >= 1 and all(
-                isinstance(p, (list, tuple)) and len(p) == 2 and p[0] >= 0 and p[1] > 0 for p in self.beta_schedule)
+                isinstance(p, (list, tuple)) and len(p) == 2 and all(_finite_number(x) for x in p)
+                and p[0] >= 0 and p[1] > 0 for p in self.beta_schedule)
             if not ok or any(a[0] > b[0] for a, b in zip(self.beta_schedule, self.beta_schedule[1:])):
                 err(f"beta_schedule must be [[learner_update, beta], ...] with non-decreasing updates >= 0 and "
                     f"beta > 0, got {self.beta_schedule!r}")
-        if self.grad_clip is not None and not (isinstance(self.grad_clip, (int, float)) and self.grad_clip > 0):
+        if self.grad_clip is not None and not (_finite_number(self.grad_clip) and self.grad_clip > 0):
             err(f"grad_clip must be None (no clipping) or a number > 0, got {self.grad_clip!r}")
-        if self.max_new_tokens is not None and (not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1):
+        if self.max_new_tokens is not None and (isinstance(self.max_new_tokens, bool)
+                                                or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1):
             err(f"max_new_tokens must be None (use env_config) or a positive integer, got {self.max_new_tokens!r}")
         if not isinstance(self.policy_model, str) or not self.policy_model:
             err(f"policy_model must be an embedded model name, an HF model id or a local path, got {self.policy_model!r}")
         if self.lora is not None and not isinstance(self.lora, dict):
             err(f"lora must be None or a dict of peft.LoraConfig arguments (e.g. {{'r': 8}}), got {self.lora!r}")
+        if self.lora:
+            unknown = sorted(set(self.lora) - _lora_fields())
+            if unknown:
+                err(f"lora has unknown peft.LoraConfig argument(s) {unknown}; common ones: r, lora_alpha, "
+                    f"lora_dropout, target_modules, bias")
         if self.searcher_dtype not in SEARCHER_DTYPES:
             err(f"searcher_dtype must be one of {SEARCHER_DTYPES}, got {self.searcher_dtype!r}")
         if self.learner_precision not in LEARNER_PRECISIONS:
@@ -196,13 +237,25 @@ class TBA(Algorithm):
         self.buffer = TBAReplayBuffer(c.buffer_capacity, c.per_prompt_capacity, c.eviction, c.dedup, seed=c.seed)
         self.weights_version = 0  # learner updates done so far = version of the learner's weights
         self.counters = {"samples_received": 0, "samples_dropped_invalid": 0, "tokens_generated": 0,
-                         "weight_syncs": 0, "updates_with_generation_in_flight": 0}
+                         "weight_syncs": 0, "updates_with_generation_in_flight": 0, "searcher_restarts": 0}
         self.timeline = {"updates": deque(maxlen=1000), "samples": deque(maxlen=1000)}  # (start, end) wall times
         self._push_pending = False
         self._sampling: set[int] = set()  # searchers with a generation request in flight
         self._searcher_stats = deque(maxlen=5)  # the latest searcher reports, averaged into each iteration's metrics
+        self._all_down_since: float | None = None  # when the last healthy searcher was lost
+        self._calls_received = 0  # generation calls that came back (even with every sample dropped)
         self.samples_trained = 0
+        self.task_identity: dict | None = None
         super().setup(config)
+        env = getattr(self.env_runner, "env", None)  # the local runner builds the task (and fails here, clearly)
+        if env is not None:
+            self.task_identity = task_identity(c, env)
+            reachable = min(c.buffer_capacity, c.per_prompt_capacity * len(env.prompts))
+            if c.min_buffer_size > reachable:
+                raise ValueError(
+                    f"min_buffer_size={c.min_buffer_size} can never be reached: the buffer holds at most "
+                    f"min(buffer_capacity={c.buffer_capacity}, per_prompt_capacity={c.per_prompt_capacity} x "
+                    f"{len(env.prompts)} prompt(s)) = {reachable} samples; lower min_buffer_size or raise the capacities")
         if c.async_mode and c.num_learners == 0 and self._remote():
             # The learner runs in this process next to the searcher actors: leave them their cores.
             import os
@@ -217,10 +270,12 @@ class TBA(Algorithm):
         return self.env_runner_group.num_remote_env_runners() > 0
 
     def _request_samples(self) -> None:
-        """Give every idle searcher a new generation request (one in flight per searcher, always)."""
+        """Give every idle healthy searcher a new generation request (one in flight per searcher, always)."""
         if not self._remote():
             return
-        idle = [i for i in self.env_runner_group.healthy_env_runner_ids() if i not in self._sampling]
+        healthy = set(self.env_runner_group.healthy_env_runner_ids())
+        self._sampling &= healthy  # a failed searcher's request is gone (RLlib drops failed calls)
+        idle = sorted(healthy - self._sampling)
         if idle:
             self.env_runner_group.foreach_env_runner_async(lambda r: r.sample_with_metrics(), tag="sample",
                                                            remote_worker_ids=idle)
@@ -229,12 +284,17 @@ class TBA(Algorithm):
     def _fetch_samples(self, timeout_s: float = 0.0) -> int:
         results = self.env_runner_group.fetch_ready_async_reqs(tags="sample", timeout_seconds=timeout_s)
         self.env_runner_group.fetch_ready_async_reqs(tags="weights", timeout_seconds=0.0)  # clear finished syncs
-        for runner_id, (episodes, stats, rllib_metrics) in results:
+        for runner_id, result in results:
             self._sampling.discard(runner_id)
-            self._ingest(episodes, stats, rllib_metrics)
+            self._ingest(result)
         return len(results)
 
-    def _ingest(self, episodes, stats, rllib_metrics) -> None:
+    def _ingest(self, result) -> None:
+        if isinstance(result, SearchError):  # raised inside the searcher: a bug to show, not a crash loop to hide
+            raise SearcherFailure(f"searcher {result.worker_index} failed while sampling: {result.message}\n"
+                                  f"searcher traceback:\n{result.traceback}")
+        episodes, stats, rllib_metrics = result
+        self._calls_received += 1
         self.metrics.aggregate([rllib_metrics], key=ENV_RUNNER_RESULTS)  # RLlib's env_runners/* results
         samples = [self.episode_to_sample(ep) for ep in episodes]
         self.buffer.add(samples)
@@ -269,16 +329,87 @@ class TBA(Algorithm):
             sampler_logp=float(np.sum(episode.get_extra_model_outputs(ACTION_LOGP))),
         )
 
-    def _sample_sync(self) -> None:
+    def _sample_sync(self) -> int:
         if self._remote():
             results = self.env_runner_group.foreach_env_runner(lambda r: r.sample_with_metrics(), local_env_runner=False)
         else:
             results = [self.env_runner.sample_with_metrics()]
-        for episodes, stats, rllib_metrics in results:
-            self._ingest(episodes, stats, rllib_metrics)
+        for result in results:
+            self._ingest(result)
+        return len(results)
+
+    # ---- searcher failures --------------------------------------------------------------------------------------
+    @override(Algorithm)
+    def restore_env_runners(self, env_runner_group, probe_timeout_s: float | None = None) -> list[int]:
+        """Bring failed searchers back (RLlib restarts their actors) and hand them the learner's current weights
+        and version; they are given a generation request again on the next ``_request_samples``."""
+        if env_runner_group is not self.env_runner_group or not self._remote():
+            return super().restore_env_runners(env_runner_group)
+        restored = env_runner_group.probe_unhealthy_env_runners(timeout_seconds=probe_timeout_s)
+        if restored:
+            self._counters["total_num_restored_workers"] += len(restored)
+            self.counters["searcher_restarts"] += len(restored)
+            self._sampling.difference_update(restored)
+            self._push_weights(block=True, to=restored, mark_sync=False)
+            logger.warning("searcher(s) %s restarted and given weights version %d", restored, self.weights_version)
+        healthy = env_runner_group.num_healthy_remote_workers()
+        if healthy:
+            self._all_down_since = None
+        else:
+            c = self.config
+            now = time.time()
+            self._all_down_since = self._all_down_since or now
+            if not c.restart_failed_env_runners or now - self._all_down_since > c.sample_wait_timeout_s:
+                raise SearcherFailure(
+                    f"no healthy searcher: all {env_runner_group.num_remote_env_runners()} searcher(s) failed and "
+                    + ("restart_failed_env_runners=False" if not c.restart_failed_env_runners else
+                       f"none came back within sample_wait_timeout_s={c.sample_wait_timeout_s:g} s")
+                    + f" (restarts so far: {self.counters['searcher_restarts']}, "
+                    f"max_num_env_runner_restarts={c.max_num_env_runner_restarts})")
+        return restored
+
+    def _wait_until(self, ready, what: str) -> float:
+        """Fetch and request samples until ``ready()``; returns the seconds waited. Bounded: raises
+        ``SampleWaitTimeout`` after ``sample_wait_timeout_s`` without a new sample, ``SearcherFailure`` when every
+        searcher is down, and fails fast when the searchers' calls come back with every reward dropped."""
+        c = self.config
+        t0 = last_progress = time.time()
+        calls0, added0, dropped0 = self._calls_received, self.buffer.stats["added"], self.counters["samples_dropped_invalid"]
+        received0 = self.counters["samples_received"]
+        while not ready():
+            if c.async_mode:
+                self.restore_env_runners(self.env_runner_group, probe_timeout_s=1.0)
+                self._request_samples()
+                self._fetch_samples(timeout_s=0.5)
+            else:
+                self._sample_sync()
+            if self.buffer.stats["added"] > added0 or self.counters["samples_received"] > received0:
+                added0, received0, last_progress = self.buffer.stats["added"], self.counters["samples_received"], time.time()
+                calls0, dropped0 = self._calls_received, self.counters["samples_dropped_invalid"]
+            calls = self._calls_received - calls0
+            dropped = self.counters["samples_dropped_invalid"] - dropped0
+            if calls >= 3 and dropped and self.counters["samples_received"] == received0:
+                raise SampleWaitTimeout(
+                    f"waiting for {what}: the last {calls} generation calls returned no usable sample — all {dropped} "
+                    f"rewards were non-finite and dropped (env on_invalid_reward='drop'); check the task's reward function")
+            if time.time() - last_progress > c.sample_wait_timeout_s:
+                raise SampleWaitTimeout(f"waiting for {what}: no new sample for {c.sample_wait_timeout_s:g} s "
+                                        f"(sample_wait_timeout_s). {self._diagnosis(calls, dropped)}")
+        return time.time() - t0
+
+    def _diagnosis(self, calls: int, dropped: int) -> str:
+        c, b = self.config, self.buffer
+        healthy = self.env_runner_group.num_healthy_remote_workers() if self._remote() else 1
+        return (f"Searchers healthy: {healthy}/{max(1, c.num_env_runners)}; generation calls returned meanwhile: "
+                f"{calls}; rewards dropped meanwhile: {dropped}; buffer: {len(b)} samples in {b.num_prompts} prompt(s) "
+                f"(min_buffer_size={c.min_buffer_size}, duplicates skipped so far: {b.stats['duplicates']}, "
+                f"evicted: {b.stats['evicted']}). A slow first call (model load, a large model on CPU) may need a "
+                f"larger sample_wait_timeout_s.")
 
     # ---- learner -> searchers ----------------------------------------------------------------------------------
-    def _push_weights(self, block: bool) -> None:
+    def _push_weights(self, block: bool, to: list[int] | None = None, mark_sync: bool = True) -> None:
+        """Send the learner's weights and version to searchers ``to`` (default: all). ``mark_sync``: from now on
+        only newer arrivals count as most-on-policy in the buffer."""
         state = self.learner_group.get_state(
             components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}", inference_only=True,
         )[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
@@ -288,41 +419,39 @@ class TBA(Algorithm):
         else:
             ref = ray.put(payload)
             if block:
-                self.env_runner_group.foreach_env_runner(lambda r: r.set_state(ray.get(ref)), local_env_runner=False)
-                self._push_pending = False
+                self.env_runner_group.foreach_env_runner(lambda r: r.set_state(ray.get(ref)), local_env_runner=False,
+                                                         remote_worker_ids=to)
+                self._push_pending = self._push_pending and to is not None
             else:
                 ids = self.env_runner_group.healthy_env_runner_ids()
                 made = self.env_runner_group.foreach_env_runner_async("set_state", tag="weights", kwargs={"state": ref},
                                                                       remote_worker_ids=ids)
                 self._push_pending = made < len(ids)  # a runner had too many requests queued: retry next update
-        self.buffer.mark_sync()
-        self.counters["weight_syncs"] += 1
+        if mark_sync:
+            self.buffer.mark_sync()
+            self.counters["weight_syncs"] += 1
 
     # ---- the training step -------------------------------------------------------------------------------------
+    @override(Algorithm)
     def training_step(self) -> None:
         c = self.config
-        t_wait = time.time()
+        waited = 0.0
         if c.async_mode:
             self._fetch_samples()
             self._request_samples()
-            while len(self.buffer) < c.min_buffer_size:  # initial fill: the learner waits only here (and
-                self._fetch_samples(timeout_s=0.5)         # for training_intensity, when set)
-                self._request_samples()
         else:
             self._sample_sync()
-            while len(self.buffer) < c.min_buffer_size:
-                self._sample_sync()
-        waited = time.time() - t_wait
+        # initial fill: the learner waits only here (and for training_intensity, when set)
+        waited += self._wait_until(lambda: len(self.buffer) >= c.min_buffer_size,
+                                   f"the initial fill (min_buffer_size={c.min_buffer_size})")
 
         t_learn = time.time()
         batch_size = c.prompts_per_batch * c.num_samples_per_prompt
         for _ in range(c.updates_per_iteration):
             if c.async_mode and c.training_intensity is not None:
-                t0 = time.time()
-                while self.samples_trained + batch_size > c.training_intensity * self.counters["samples_received"]:
-                    self._fetch_samples(timeout_s=0.5)
-                    self._request_samples()
-                waited += time.time() - t0
+                waited += self._wait_until(
+                    lambda: self.samples_trained + batch_size <= c.training_intensity * self.counters["samples_received"],
+                    f"samples for training_intensity={c.training_intensity:g}")
             self._update_once()
             if c.async_mode:
                 self._fetch_samples()
@@ -332,8 +461,9 @@ class TBA(Algorithm):
         self._log_searcher_stats()
         self.metrics.log_value(("tba", "learner_steps_per_s"), c.updates_per_iteration / max(elapsed, 1e-9), window=1)
         self.metrics.log_dict({("tba", k): v for k, v in self.counters.items()}, window=1)
+        healthy = self.env_runner_group.num_healthy_remote_workers() if self._remote() else 1
         self.metrics.log_dict({("tba", "buffer_size"): len(self.buffer), ("tba", "buffer_prompts"): self.buffer.num_prompts,
-                               ("tba", "weights_version"): self.weights_version,
+                               ("tba", "weights_version"): self.weights_version, ("tba", "searchers_healthy"): healthy,
                                **{("tba", f"buffer_{k}"): v for k, v in self.buffer.stats.items()}}, window=1)
 
     def _update_once(self) -> None:
@@ -361,19 +491,67 @@ class TBA(Algorithm):
             self._push_weights(block=not c.async_mode)
 
     # ---- checkpoints: RLlib does not save replay buffers or our counters by itself ----------------------------
+    @override(Algorithm)
     def get_state(self, components=None, *, not_components=None, **kwargs):
         state = super().get_state(components, not_components=not_components, **kwargs)
         if self._check_component(_TBA_STATE, components, not_components):
             state[_TBA_STATE] = {"buffer": self.buffer.get_state(), "weights_version": self.weights_version,
-                                 "counters": dict(self.counters), "samples_trained": self.samples_trained}
+                                 "counters": dict(self.counters), "samples_trained": self.samples_trained,
+                                 "task": self.task_identity}
         return state
 
+    @override(Algorithm)
+    def restore_from_path(self, path, *args, **kwargs):
+        """RLlib's restore, after checking that the checkpoint is readable and from this task (nothing is
+        overwritten otherwise); a damaged file is named in the error."""
+        path = Path(path)
+        saved = read_checkpoint_state(path)
+        check_same_task(saved.get(_TBA_STATE, {}).get("task"), self.task_identity)
+        try:
+            return super().restore_from_path(path, *args, **kwargs)
+        except Exception as e:
+            damaged = find_damaged_checkpoint_file(path)
+            if damaged:
+                raise CheckpointError(f"damaged checkpoint {path}: {damaged}") from e
+            raise
+
+    @override(Algorithm)
     def set_state(self, state) -> None:
+        if _TBA_STATE in state:  # refuse another task's checkpoint before anything is overwritten
+            check_same_task(state[_TBA_STATE].get("task"), self.task_identity)
         super().set_state(state)
         if _TBA_STATE in state:
             tba = state[_TBA_STATE]
             self.buffer.set_state(tba["buffer"])
             self.weights_version = int(tba["weights_version"])
             self.samples_trained = int(tba["samples_trained"])
-            self._push_weights(block=True)  # searchers resume from the restored weights and version
+            # searchers resume from the restored weights and version; the buffer keeps its most-on-policy flags
+            self._push_weights(block=True, mark_sync=False)
             self.counters.update(tba["counters"])
+
+
+def task_identity(config: TBAConfig, env) -> dict:
+    """What a checkpoint's replay buffer is only valid for: the task, the policy model and the prompt set."""
+    import hashlib
+
+    digest = hashlib.sha1()
+    for p in env.prompts:
+        digest.update(np.asarray(p.token_ids, np.int64).tobytes() + b"|")
+    env_name = config.env if isinstance(config.env, str) else getattr(config.env, "__name__", repr(config.env))
+    return {"env": env_name, "policy_model": config.policy_model, "num_prompts": len(env.prompts),
+            "prompts_sha1": digest.hexdigest()[:16]}
+
+
+def check_same_task(saved: dict | None, current: dict | None) -> None:
+    """Raise ``ValueError`` naming both when a checkpoint comes from another task, model or prompt set."""
+    if not saved or not current:
+        return
+    for key, what in (("env", "task"), ("policy_model", "policy model"), ("prompts_sha1", "prompt set")):
+        if saved.get(key) != current.get(key):
+            detail = (f"{saved.get('num_prompts')} prompts, fingerprint {saved.get('prompts_sha1')}"
+                      if key == "prompts_sha1" else repr(saved.get(key)))
+            now = (f"{current.get('num_prompts')} prompts, fingerprint {current.get('prompts_sha1')}"
+                   if key == "prompts_sha1" else repr(current.get(key)))
+            raise ValueError(f"checkpoint is from another {what}: it was trained on {detail}, this run uses {now}; "
+                             f"its replay buffer and weights do not fit this run (start a new run or use the matching "
+                             f"config)")

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -51,6 +53,16 @@ logger = logging.getLogger(__name__)
 
 WEIGHTS_VERSION = "weights_version"
 ACTION_LOGP = "action_logp"
+
+
+@dataclass
+class SearchError:
+    """What ``sample_with_metrics`` returns when sampling raised (e.g. the task's reward function): the driver
+    raises it with this text, instead of RLlib restarting the actor into the same error over and over."""
+
+    worker_index: int
+    message: str
+    traceback: str
 
 
 def make_task_env(config) -> TokenEnv:
@@ -240,8 +252,13 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         return self.metrics.reduce()
 
     def sample_with_metrics(self):
-        """``(episodes, searcher stats of this call, RLlib metrics)`` in one remote call (TBA's async loop)."""
-        episodes = self.sample()
+        """``(episodes, searcher stats of this call, RLlib metrics)`` in one remote call (TBA's async loop), or a
+        ``SearchError`` when sampling raised."""
+        try:
+            episodes = self.sample()
+        except Exception as e:  # noqa: BLE001 - handed to the driver, which raises it with this searcher's traceback
+            logger.exception("searcher %d: sample() failed", self.worker_index)
+            return SearchError(self.worker_index, f"{type(e).__name__}: {e}", traceback.format_exc())
         return episodes, dict(self._stats), self.get_metrics()
 
     # ---- EnvRunner / Checkpointable API -----------------------------------------------------------------------

@@ -7,6 +7,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here: a model id that is not cached fails at once
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -44,11 +44,15 @@ def last_json(stdout: str) -> dict:
 def scalar_tags(trial_dir: str) -> dict:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    files = list(Path(trial_dir).glob("events.out.tfevents.*"))
+    files = sorted(Path(trial_dir).glob("events.out.tfevents.*"))  # one per (re)start of the trial, oldest first
     assert files, f"no TensorBoard event file in {trial_dir}"
-    acc = EventAccumulator(str(files[0]))
-    acc.Reload()
-    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    tags: dict = {}
+    for file in files:
+        acc = EventAccumulator(str(file))
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            tags.setdefault(tag, []).extend(e.value for e in acc.Scalars(tag))
+    return tags
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +87,50 @@ def test_cli_restore_continues_training(trained):
     assert out["training_iteration"] == 3  # continued from iteration 1, not from scratch
     tags = scalar_tags(out["trial_dir"])
     assert tags["ray/tune/tba/weights_version"][0] > 2  # learner updates carried over from the checkpoint
+
+
+def test_cli_resume_after_sigkill_continues_the_same_trial(tmp_path, tiny_model):
+    """SIGKILL mid-run, then `--resume`: the same trial continues from its last checkpoint (iteration, weights
+    version, buffer), the file's stop holds, no checkpoint is overwritten and the metrics logged before stay."""
+    import signal
+    import time
+
+    path = tmp_path / "tiny_tldr.py"
+    path.write_text(EXPERIMENT.replace('stop = {"training_iteration": 1}', 'stop = {"training_iteration": 9}'))
+    args = ["train", "file", str(path), "--storage-path", str(tmp_path / "results"), "--num-cpus", "2",
+            "--checkpoint-freq", "1", "--keep-checkpoints", "100"]
+    proc = subprocess.Popen([sys.executable, "-m", "rllib_tba.cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    experiment = tmp_path / "results" / "tiny_tldr"
+    deadline = time.time() + 300
+    while len(list(experiment.glob("*/checkpoint_*/algorithm_state.pkl"))) < 3:
+        assert proc.poll() is None and time.time() < deadline, "the first run ended before it was killed"
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray processes it started
+    proc.wait()
+    time.sleep(2)
+    (trial,) = [d for d in experiment.iterdir() if d.is_dir()]
+    before = {c.name: c.stat().st_mtime_ns for c in trial.glob("checkpoint_*")}
+    lines_before = (trial / "result.json").read_text().splitlines()
+    assert len(lines_before) >= 3
+    last = max(before)
+    from rllib_tba.checkpoint_files import read_checkpoint_state
+
+    saved_version = read_checkpoint_state(trial / last)["tba"]["weights_version"]
+
+    out = last_json(rllib(*args, "--resume").stdout)
+    assert out["trial_dir"] == str(trial) and out["training_iteration"] == 9  # same trial, the file's stop held
+    rows = [json.loads(line) for line in (trial / "result.json").read_text().splitlines()]
+    assert [json.dumps(r) for r in rows[:len(lines_before)]] == [json.dumps(json.loads(x)) for x in lines_before]
+    resumed = rows[len(lines_before):]
+    first_iteration = int(last.split("_")[1]) + 2  # checkpoint_00000N holds iteration N + 1
+    assert [r["training_iteration"] for r in resumed] == list(range(first_iteration, 10))
+    assert resumed[0]["tba"]["weights_version"] == saved_version + 2  # 2 updates per iteration on the saved weights
+    after = {c.name: c.stat().st_mtime_ns for c in trial.glob("checkpoint_*")}
+    assert all(after[name] == mtime for name, mtime in before.items() if name <= last), "a checkpoint was overwritten"
+    assert len(after) == 9
+    scalars = scalar_tags(trial)  # TensorBoard keeps the iterations from before the kill too
+    assert len(scalars["ray/tune/tba/weights_version"]) >= 9
 
 
 def test_cli_evaluate_and_export(trained, tmp_path):
@@ -123,62 +171,178 @@ def test_cli_evaluate_and_export(trained, tmp_path):
     assert len(text[0].outputs[0].token_ids) > 0
 
 
+def cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "rllib_tba.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "RAY_DEDUP_LOGS": "0"})
+
+
 def test_cli_rejects_bad_input(tmp_path):
-    bad = subprocess.run([sys.executable, "-m", "rllib_tba.cli", "train", "file", str(tmp_path / "missing.py")],
-                         capture_output=True, text=True)
+    bad = cli("train", "file", str(tmp_path / "missing.py"))
     assert bad.returncode != 0 and "does not exist" in bad.stderr
     path = tmp_path / "noconfig.py"
     path.write_text("x = 1\n")
-    bad = subprocess.run([sys.executable, "-m", "rllib_tba.cli", "train", "file", str(path)], capture_output=True, text=True)
+    bad = cli("train", "file", str(path))
     assert bad.returncode != 0 and "must define a module-level `config`" in bad.stderr
-    bad = subprocess.run([sys.executable, "-m", "rllib_tba.cli", "train", "file", str(path), "--stop", "{oops"],
-                         capture_output=True, text=True)
-    assert bad.returncode == 2 and "not valid JSON" in bad.stderr
-    helped = subprocess.run([sys.executable, "-m", "rllib_tba.cli", "--help"], capture_output=True, text=True)
+    helped = cli("--help")
     assert all(c in helped.stdout for c in ("train", "evaluate", "serve", "export"))
+    invalid = tmp_path / "invalid.py"
+    invalid.write_text(EXPERIMENT.replace("beta=0.1", "beta=0.1, m=2.0"))
+    not_a_checkpoint = tmp_path / "not_a_checkpoint"
+    not_a_checkpoint.mkdir()
+    cases = [  # (arguments, exit code, the one line that must name the problem)
+        (["train", "file", str(path), "--stop", "{oops"], 2, "--stop: not valid JSON"),
+        (["train", "file", str(path), "--checkpoint-freq", "-1"], 2, "--checkpoint-freq: must be >= 0, got -1"),
+        (["train", "file", str(path), "--num-cpus", "0"], 2, "--num-cpus: must be >= 1, got 0"),
+        (["train", "file", str(path), "--keep-checkpoints", "0"], 2, "--keep-checkpoints: must be >= 1, got 0"),
+        (["evaluate", "x", "--num-samples", "0"], 2, "--num-samples: must be >= 1, got 0"),
+        (["evaluate", "x", "--temperature", "nan"], 2, "--temperature: must be a finite number >= 0, got nan"),
+        (["serve", "x", "--port", "70000"], 2, "--port: must be in [1, 65535], got 70000"),
+        (["train", "file", str(invalid)], 1, "invalid.py: m must be <= 1, got 2.0"),
+        (["train", "file", str(invalid).replace("invalid", "missing"), "--resume"], 1, "does not exist"),
+        (["evaluate", str(not_a_checkpoint)], 2, "rllib evaluate: error: " + str(not_a_checkpoint) +
+         " is not an RLlib algorithm checkpoint (no class_and_ctor_args.pkl)"),
+        (["export", str(tmp_path / "nowhere"), str(tmp_path / "out")], 2, "rllib export: error: "),
+        (["train", "file", str(invalid.with_name("ok.py")), "--restore", str(not_a_checkpoint)], 1,
+         "is not an algorithm checkpoint (no algorithm_state.pkl)"),
+    ]
+    invalid.with_name("ok.py").write_text(EXPERIMENT)
+    for args, code, message in cases:
+        proc = cli(*args)
+        lines = [line for line in proc.stderr.splitlines() if message in line]
+        assert proc.returncode == code and lines, (args, proc.returncode, proc.stderr[-2000:])
 
 
-def test_serve_end_to_end(trained, ray_session):
+def test_cli_train_refuses_what_cannot_run(tmp_path):
+    path = tmp_path / "ok.py"
+    path.write_text(EXPERIMENT)
+    # 1 searcher + the learner need 2 CPUs: with 1, Tune would leave the trial pending forever
+    proc = cli("train", "file", str(path), "--num-cpus", "1", "--storage-path", str(tmp_path / "r"))
+    assert proc.returncode == 1 and "the run needs 2 CPU(s) (learner + 1 env runner(s) x 1) but Ray has 1; raise " \
+        "--num-cpus or lower --num-env-runners" in proc.stderr, proc.stderr[-2000:]
+    proc = cli("train", "file", str(path), "--resume", "--storage-path", str(tmp_path / "r"))
+    assert proc.returncode == 1 and "there is no experiment to resume at" in proc.stderr, proc.stderr[-2000:]
+
+
+def free_port() -> int:
     import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+BAD_REQUESTS = [
+    ("not json", {"data": "{oops", "headers": {"content-type": "application/json"}}),
+    ("missing prompt", {"json": {"max_tokens": 4}}),
+    ("empty prompt", {"json": {"prompt": ""}}),
+    ("wrong type", {"json": {"prompt": 42}}),
+    ("max_tokens type", {"json": {"prompt": "hi", "max_tokens": "5"}}),
+    ("too many tokens", {"json": {"prompt": "hi", "max_tokens": 17}}),
+    ("n too large", {"json": {"prompt": "hi", "n": 5}}),
+    ("unknown field", {"json": {"prompt": "hi", "best_of": 3}}),
+    ("NaN temperature", {"data": '{"prompt": "hi", "temperature": NaN}', "headers": {"content-type": "application/json"}}),
+    ("inf temperature", {"data": '{"prompt": "hi", "temperature": Infinity}',
+                         "headers": {"content-type": "application/json"}}),
+    ("n > 1 greedy", {"json": {"prompt": "hi", "n": 2, "temperature": 0}}),
+    ("negative max_tokens", {"json": {"prompt": "hi", "max_tokens": -1}}),
+]
+
+
+def test_serve_concurrent_clients_and_bad_requests(trained, ray_session):
+    import time
+    from concurrent.futures import ThreadPoolExecutor
 
     import requests
     from ray import serve
 
     from rllib_tba.serve import build_app
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
         serve.run(build_app(trained["checkpoint"], max_tokens_limit=16, max_n=4, dtype="float32"), name="tba",
                   route_prefix="/")
         url = f"http://127.0.0.1:{port}/v1/completions"
-        ok = requests.post(url, json={"prompt": "Summarise: my cat", "max_tokens": 5, "n": 2}, timeout=60)
-        assert ok.status_code == 200, ok.text
-        body = ok.json()
-        assert len(body["choices"]) == 2 and all(isinstance(c["text"], str) for c in body["choices"])
-        assert 0 < body["usage"]["completion_tokens"] <= 10
-        bad_requests = [
-            ("not json", {"data": "{oops", "headers": {"content-type": "application/json"}}),
-            ("missing prompt", {"json": {"max_tokens": 4}}),
-            ("empty prompt", {"json": {"prompt": ""}}),
-            ("wrong type", {"json": {"prompt": 42}}),
-            ("max_tokens type", {"json": {"prompt": "hi", "max_tokens": "5"}}),
-            ("too many tokens", {"json": {"prompt": "hi", "max_tokens": 17}}),
-            ("n too large", {"json": {"prompt": "hi", "n": 5}}),
-            ("unknown field", {"json": {"prompt": "hi", "best_of": 3}}),
-        ]
-        for name, kwargs in bad_requests:
-            r = requests.post(url, timeout=30, **kwargs)
-            assert 400 <= r.status_code < 500, (name, r.status_code, r.text)
-            assert r.json().get("detail"), name
-        assert requests.post(url, json={"prompt": "still up?", "max_tokens": 2}, timeout=60).status_code == 200
+
+        def complete(i):
+            r = requests.post(url, json={"prompt": f"Summarise: my cat number {i}", "max_tokens": 8, "n": 1 + i % 2},
+                              timeout=120)
+            return r.status_code, r.json()
+
+        complete(0)  # warm-up
+        t0 = time.time()
+        sequential = [complete(i) for i in range(8)]
+        per_request_sequential = (time.time() - t0) / 8
+        t0 = time.time()
+        with ThreadPoolExecutor(64) as pool:  # a bounded client: 64 requests, 64 at once
+            concurrent = list(pool.map(complete, range(64)))
+        per_request_concurrent = (time.time() - t0) / 64
+        print(f"serve throughput: concurrent/sequential = {per_request_sequential / per_request_concurrent:.1f}x "
+              f"({1 / per_request_concurrent:.1f} vs {1 / per_request_sequential:.1f} requests/s)")
+        for i, (status, body) in enumerate(sequential + concurrent):
+            assert status == 200, body
+            n = 1 + (i % 8 if i < 8 else i - 8) % 2
+            assert len(body["choices"]) == n and all(isinstance(c["text"], str) for c in body["choices"])
+            assert 0 < body["usage"]["completion_tokens"] <= 8 * n
+        assert len({b["id"] for _, b in concurrent}) == 64  # 64 distinct answers, none mixed up or lost
+
+        def bad(case):
+            name, kwargs = case
+            r = requests.post(url, timeout=60, **kwargs)
+            return name, r.status_code, r.json()
+
+        with ThreadPoolExecutor(len(BAD_REQUESTS) * 2) as pool:  # a burst of malformed requests, twice each
+            for name, status, body in pool.map(bad, BAD_REQUESTS * 2):
+                assert 400 <= status < 500, (name, status, body)
+                assert body.get("detail"), name
+        status, body = complete(1)  # still answers correctly
+        assert status == 200 and len(body["choices"]) == 2
         assert requests.get(f"http://127.0.0.1:{port}/health", timeout=10).json() == {"status": "ok"}
     finally:
         serve.shutdown()
     with pytest.raises(requests.ConnectionError):
         requests.get(f"http://127.0.0.1:{port}/health", timeout=5)
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_rllib_serve_binds_loopback_and_stops_cleanly(trained, sig):
+    import signal
+    import time
+
+    import psutil
+    import requests
+
+    port = free_port()
+    env = {**os.environ, "RAY_DEDUP_LOGS": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "rllib_tba.cli", "serve", trained["checkpoint"], "--port", str(port),
+                             "--max-tokens-limit", "8"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while True:
+            assert proc.poll() is None and time.time() < deadline, proc.stdout.read() if proc.poll() is not None else ""
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except (requests.ConnectionError, requests.Timeout):  # not up yet
+                time.sleep(1)
+        r = requests.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=60)
+        assert r.status_code == 200, r.text
+        tree = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        # the HTTP port listens on loopback only. (Ray 2.60's own gRPC servers listen on all interfaces whatever
+        # ray.init is given — it maps 127.0.0.1 to the node IP — and are guarded by Ray's token authentication.)
+        http = [c.laddr.ip for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+        assert http == ["127.0.0.1"], http
+        proc.send_signal(getattr(signal, sig))
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out[-3000:]
+        assert "shutting down" in out
+        time.sleep(2)
+        left = [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        assert not left, [psutil.Process(p).cmdline() for p in left]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
 
 
 def test_tune_grid_over_m_and_k_two_trials(ray_session, tmp_path):
