@@ -39,7 +39,7 @@ from rllib_tba.hf_rl_module import LEARNER_PRECISIONS
 from rllib_tba.tba_learner import TBATorchLearner, build_train_batch
 from rllib_tba.tba_replay_buffer import EVICTION_POLICIES, TBAReplayBuffer, TBSample
 from rllib_tba.tba_rl_module import TBARLModule
-from rllib_tba.vllm_env_runner import ACTION_LOGP, WEIGHTS_VERSION, SearchError, VLLMEnvRunner
+from rllib_tba.vllm_env_runner import ACTION_LOGP, WEIGHTS_VERSION, SearchError, VLLMEnvRunner, make_task_env
 
 logger = logging.getLogger(__name__)
 
@@ -246,6 +246,12 @@ class TBA(Algorithm):
         self._calls_received = 0  # generation calls that came back (even with every sample dropped)
         self.samples_trained = 0
         self.task_identity: dict | None = None
+        # Build the task once here first: an env_config error inside a searcher actor would otherwise surface as
+        # RLlib's "IndexError: list index out of range" (no healthy runner to read the spaces from).
+        try:
+            make_task_env(c)
+        except Exception as e:
+            raise ValueError(f"the task {c.env!r} could not be built from its env_config: {type(e).__name__}: {e}") from e
         super().setup(config)
         env = getattr(self.env_runner, "env", None)  # the local runner builds the task (and fails here, clearly)
         if env is not None:

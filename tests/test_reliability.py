@@ -141,6 +141,12 @@ def test_sync_mode_wait_is_bounded_too(ray_session, tiny_model):
         algo.stop()
 
 
+def test_env_config_error_is_named_not_an_index_error(ray_session, tiny_model):
+    with pytest.raises(ValueError, match=r"the task 'tba/TLDR-v0' could not be built from its env_config: ValueError: "
+                                         r"TLDREnv: unknown config keys \['max_new_token'\]"):
+        config(env_config={"max_new_token": 8}).build_algo()
+
+
 def test_unreachable_min_buffer_size_is_rejected_at_build(ray_session, tiny_model):
     # the stand-in TL;DR data has 24 prompts: 24 x per_prompt_capacity 1 can never reach 30 samples
     with pytest.raises(ValueError, match=r"min_buffer_size=30 can never be reached: .* = 24 samples"):
