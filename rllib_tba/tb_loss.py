@@ -1,4 +1,4 @@
-"""The trajectory-balance loss of TBA (TBA_METHOD.md §1), one pure function."""
+"""The trajectory-balance loss of TBA (docs/method.md §1), one pure function."""
 
 from __future__ import annotations
 

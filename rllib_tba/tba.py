@@ -68,7 +68,7 @@ class SampleWaitTimeout(TimeoutError):
 
 
 class TBAConfig(AlgorithmConfig):
-    """TBA's configuration. Paper values (TBA_METHOD.md §5) per task: GSM8K / TL;DR / red-teaming (RT)."""
+    """TBA's configuration. Paper values (docs/method.md §4) per task: GSM8K / TL;DR / red-teaming (RT)."""
 
     def __init__(self, algo_class=None):
         super().__init__(algo_class=algo_class or TBA)
@@ -177,10 +177,10 @@ class TBAConfig(AlgorithmConfig):
         if self.beta_schedule is not None:
             ok = isinstance(self.beta_schedule, (list, tuple)) and len(self.beta_schedule) >= 1 and all(
                 isinstance(p, (list, tuple)) and len(p) == 2 and all(_finite_number(x) for x in p)
-                and p[0] >= 0 and p[1] > 0 for p in self.beta_schedule)
+                and p[0] >= 0 and p[1] > 0 for p in self.beta_schedule) and self.beta_schedule[0][0] == 0
             if not ok or any(a[0] > b[0] for a, b in zip(self.beta_schedule, self.beta_schedule[1:])):
-                err(f"beta_schedule must be [[learner_update, beta], ...] with non-decreasing updates >= 0 and "
-                    f"beta > 0, got {self.beta_schedule!r}")
+                err(f"beta_schedule must be [[learner_update, beta], ...] starting at update 0, with non-decreasing "
+                    f"updates and finite beta > 0, got {self.beta_schedule!r}")
         if self.grad_clip is not None and not (_finite_number(self.grad_clip) and self.grad_clip > 0):
             err(f"grad_clip must be None (no clipping) or a number > 0, got {self.grad_clip!r}")
         if self.max_new_tokens is not None and (isinstance(self.max_new_tokens, bool)
@@ -482,7 +482,7 @@ class TBA(Algorithm):
         t0 = time.time()
         results = self.learner_group.update(
             batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=len(samples)),
-            timesteps={"tba_weights_version": self.weights_version},
+            timesteps={WEIGHTS_VERSION: self.weights_version},  # the learner's clock (beta_schedule)
         )
         self.timeline["updates"].append((t0, time.time()))
         self.weights_version += 1

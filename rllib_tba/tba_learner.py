@@ -10,15 +10,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+from ray.rllib.utils.annotations import override
+from ray.rllib.utils.schedules.scheduler import Scheduler
 
 from rllib_tba.tb_loss import tb_loss
 from rllib_tba.tba_rl_module import LOG_Z_HEAD, response_logprobs
-
-
-def piecewise_linear(schedule, t: float) -> float:
-    """RLlib-style schedule ``[[t0, v0], [t1, v1], ...]``: linear between points, constant outside."""
-    ts, vs = zip(*schedule)
-    return float(np.interp(t, ts, vs))
+from rllib_tba.vllm_env_runner import WEIGHTS_VERSION
 
 
 def build_train_batch(samples, groups: np.ndarray, pad_id: int = 0) -> dict:
@@ -47,14 +44,19 @@ def build_train_batch(samples, groups: np.ndarray, pad_id: int = 0) -> dict:
 
 
 class TBATorchLearner(TorchLearner):
+    @override(TorchLearner)
     def build(self) -> None:
         super().build()
+        # beta follows config.beta_schedule over the algorithm's clock: its weight version (= learner updates made,
+        # checkpointed with the algorithm), passed in with every update as timesteps[WEIGHTS_VERSION]
+        self._beta = Scheduler(self.config.beta_schedule or self.config.beta, framework="torch")
         from transformers import AutoModelForCausalLM
 
         module = self.module[next(iter(self.module.keys()))].unwrapped()
         self._ref_lm = AutoModelForCausalLM.from_pretrained(module.model_path, dtype=torch.float32).to(self._device)
         self._ref_lm.eval().requires_grad_(False)
 
+    @override(TorchLearner)
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
         module = self._module[module_id].unwrapped()
         lm_params = [p for p in module.lm.parameters() if p.requires_grad]
@@ -66,12 +68,15 @@ class TBATorchLearner(TorchLearner):
             self.register_optimizer(module_id=module_id, optimizer_name="log_z", optimizer=torch.optim.Adam(params),
                                     params=params, lr_or_lr_schedule=config.lr_log_z)
 
-    def current_beta(self, config) -> float:
-        return piecewise_linear(config.beta_schedule, self._weights_seq_no) if config.beta_schedule else config.beta
+    @override(TorchLearner)
+    def before_gradient_based_update(self, *, timesteps) -> None:
+        super().before_gradient_based_update(timesteps=timesteps)
+        self._beta.update(timesteps.get(WEIGHTS_VERSION, 0))
 
+    @override(TorchLearner)
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
         module = self.module[module_id].unwrapped()
-        beta = self.current_beta(config)
+        beta = float(self._beta.get_current_value())
         with torch.no_grad():
             ref_logp = response_logprobs(self._ref_lm, batch["input_ids"], batch["attention_mask"],
                                          batch["response_mask"], module.temperature, precision=module.precision)

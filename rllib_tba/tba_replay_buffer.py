@@ -1,4 +1,4 @@
-"""TBA's replay buffer (TBA_METHOD.md §3): per-prompt groups, "most-on-policy" draws with probability m.
+"""TBA's replay buffer (docs/method.md §3): per-prompt groups, "most-on-policy" draws with probability m.
 
 ``sample(num_prompts=B, samples_per_prompt=K, m, reward_inv_temp)`` draws B prompt groups. For each, with
 probability ``m`` a prompt whose samples arrived since the last weight sync (``mark_sync()``) and K of those fresh

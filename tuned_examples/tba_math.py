@@ -3,7 +3,7 @@
     rllib train file tuned_examples/tba_math.py
     rllib evaluate results/tba_math/<trial>/checkpoint_000000 --greedy --num-samples 200   # pass@1
 
-GSM8K setup of the paper (TBA_METHOD.md §5): lr 1e-5, K=20, 7 prompts/batch, m=0.95, k=2, beta 0.012 -> 0.004
+GSM8K setup of the paper (docs/method.md §4): lr 1e-5, K=20, 7 prompts/batch, m=0.95, k=2, beta 0.012 -> 0.004
 over 500 steps, min buffer 500; scaled down here. With a GSM8K jsonl: env_config dataset="path/gsm8k_train.jsonl".
 On a GPU: policy_model="realtreetune/rho-1b-sft-GSM8K" (the paper's start) and larger K / batch.
 """

@@ -3,7 +3,7 @@
     rllib train file tuned_examples/tba_redteam.py            # default stop: 14 min on a 2-core CPU machine
     rllib evaluate results/tba_redteam/<trial>/checkpoint_000000 --num-samples 256
 
-The paper's RT setup (TBA_METHOD.md §5: beta 0.05, k=10, m=0.5, batch 128, 5000 steps) scaled to 2 CPU cores.
+The paper's RT setup (docs/method.md §4: beta 0.05, k=10, m=0.5, batch 128, 5000 steps) scaled to 2 CPU cores.
 On a GPU machine with the paper's models change three strings: policy_model="gpt2" (or
 "meta-llama/Llama-3.2-1B"), env_config victim="vicgalle/gpt2-alpaca-gpt4" (or "meta-llama/Llama-3.1-8B-Instruct"),
 toxicity="s-nlp/roberta_toxicity_classifier"; and set searcher_dtype="bfloat16", num_env_runners to the GPUs.

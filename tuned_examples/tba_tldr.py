@@ -6,7 +6,7 @@ Runs offline on the bundled STAND-IN data (envs/data/tldr_standin.jsonl) and the
 against the reference summary; -1 without EOS). For the real task give your data and reward model:
 env_config dataset="tldr_train.jsonl" ({"post": ..., "summary": ...} rows), reward_model="<HF RM id or path>";
 on a GPU policy_model="<Pythia-410M SFT id or path>", the default template ("{post}\nTL;DR:"), no LoRA. Paper
-(TBA_METHOD.md §5): lr 3e-6 (full fine-tuning), K=20, 8 prompts, m=0.5, k=10, beta 1.0 -> 0.05, min buffer 10k.
+(docs/method.md §4): lr 3e-6 (full fine-tuning), K=20, 8 prompts, m=0.5, k=10, beta 1.0 -> 0.05, min buffer 10k.
 """
 
 from rllib_tba import TBAConfig
