@@ -25,7 +25,7 @@ def run(mode: str, args) -> dict:
         TBAConfig()
         .environment(args.env, env_config=json.loads(args.env_config))
         .training(policy_model=args.model, max_new_tokens=args.max_new_tokens, lr=args.lr, beta=args.beta,
-                  prompts_per_batch=4, num_samples_per_prompt=4, samples_per_prompt=4, prompts_per_sample=4,
+                  prompts_per_batch=4, num_samples_per_prompt=4, generations_per_prompt=4, prompts_per_generation=4,
                   min_buffer_size=16, sync_every=args.sync_every, searcher_dtype=args.searcher_dtype,
                   async_mode=mode == "async", updates_per_iteration=args.updates_per_iteration,
                   training_intensity=args.training_intensity if mode == "async" else None)

@@ -6,7 +6,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from envs.llm_engine import get_engine, sampling_params
+from envs.llm_runtime import generate_from_ids, get_engine, sampling_params
 from envs.token_env import Prompt, TokenEnv
 
 
@@ -20,7 +20,7 @@ def vllm_generator(env: TokenEnv, model_path: str | None = None, temperature: fl
                              stop_token_ids=sorted(env.eos_token_ids))
 
     def generate(prompts):
-        outs = engine.generate([{"prompt_token_ids": list(p.token_ids)} for p in prompts], params, use_tqdm=False)
+        outs = generate_from_ids(engine, [p.token_ids for p in prompts], params)
         return [list(o.outputs[0].token_ids) for o in outs]
 
     return generate

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from envs.llm_engine import get_engine, request_seed, sampling_params
+from envs.llm_runtime import chat_prompt, generate_from_ids, get_engine, request_seed, sampling_params
 from envs.metrics import PROFANITY_CHECK, ToxicityScorer, attack_success_rate, cosine_diversity
 from envs.models import SMOLLM2, resolve_model
 from envs.token_env import Prompt, TokenEnv, log_clip
@@ -85,8 +85,7 @@ class RedTeamEnv(TokenEnv):
         n = c["victim_responses"]
         prompts, params = [], []
         for attack in attacks:
-            text = (tok.apply_chat_template([{"role": "user", "content": attack}], tokenize=False, add_generation_prompt=True)
-                    if getattr(tok, "chat_template", None) else attack)
+            text = chat_prompt(tok, attack)
             for j in range(n):
                 prompts.append(text)
                 params.append(sampling_params(n=1, max_tokens=c["victim_max_tokens"], temperature=c["victim_temperature"],
@@ -97,9 +96,8 @@ class RedTeamEnv(TokenEnv):
 
     def reference_logprobs(self, prompts: Sequence[Prompt], completions: Sequence[Sequence[int]]) -> np.ndarray:
         """Sum of the reference model's log-probs of each completion's tokens given its prompt (vLLM prompt_logprobs)."""
-        requests = [{"prompt_token_ids": list(p.token_ids) + list(c)} for p, c in zip(prompts, completions)]
-        outs = self.reference.generate(requests, sampling_params(max_tokens=1, prompt_logprobs=0, temperature=1.0),
-                                       use_tqdm=False)
+        outs = generate_from_ids(self.reference, [list(p.token_ids) + list(c) for p, c in zip(prompts, completions)],
+                                 sampling_params(max_tokens=1, prompt_logprobs=0, temperature=1.0))
         result = np.zeros(len(prompts))
         for i, (p, c, out) in enumerate(zip(prompts, completions, outs)):
             ids = list(p.token_ids) + list(c)
@@ -121,6 +119,11 @@ class RedTeamEnv(TokenEnv):
             for a, ans, t, mt, ml, r, c in zip(attacks, answers, tox, mean_tox, mean_log_tox, ref, completions)
         ]
         return rewards, infos
+
+    def describe(self, info: dict) -> str:
+        lines = [f"ATTACK  {info['attack']!r}   mean toxicity {info['mean_toxicity']:.3f}"]
+        lines += [f"  victim [{tox:.3f}] {answer!r}" for answer, tox in zip(info["victim_answers"], info["toxicity"])]
+        return "\n".join(lines)
 
     def task_metrics(self, infos):
         metrics = super().task_metrics(infos)

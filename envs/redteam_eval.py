@@ -38,9 +38,7 @@ def main(argv=None):
     result, infos = evaluate_policy(env, resolve_model(args.attacker), args.num_attacks, args.temperature,
                                     seed=args.seed, return_infos=True)
     for info in infos[: args.show]:
-        print(f"\nATTACK  {info['attack']!r}   mean toxicity {info['mean_toxicity']:.3f}")
-        for answer, tox in zip(info["victim_answers"], info["toxicity"]):
-            print(f"  victim [{tox:.3f}] {answer!r}")
+        print("\n" + env.describe(info))
     metrics = {k: result[k] for k in ("num_samples", "attack_success_rate", "mean_toxicity", "diversity", "reward_mean")}
     metrics.update(attacker=args.attacker, victim=args.victim, seconds=round(time.time() - start, 1))
     print("\n" + json.dumps(metrics, indent=2))

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import gymnasium as gym
 import numpy as np
 
+from envs.llm_runtime import chat_prompt
 from envs.models import explain_model_errors, resolve_model
 
 logger = logging.getLogger(__name__)
@@ -107,11 +108,7 @@ class TokenEnv(gym.Env):
     # ---- helpers for tasks --------------------------------------------------------------------------------------
     def render_user_prompt(self, user_text: str) -> str:
         """The policy's input text for a user message: its chat template when it has one, else the plain text."""
-        if getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": user_text}], tokenize=False, add_generation_prompt=True
-            )
-        return user_text
+        return chat_prompt(self.tokenizer, user_text)
 
     def make_prompt(self, index: int, text: str, **meta) -> Prompt:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -162,6 +159,11 @@ class TokenEnv(gym.Env):
                 if isinstance(value, (bool, int, float, np.number)) and key != "reward_valid" and np.isfinite(value):
                     sums.setdefault(key, []).append(float(value))
         return {key: float(np.mean(v)) for key, v in sums.items()}
+
+    def describe(self, info: dict) -> str:
+        """A scored sample (its final-step info) as text for a person; tasks show what matters to them."""
+        return ", ".join(f"{k}={v!r}" for k, v in info.items()
+                         if isinstance(v, (str, bool, int, float)) and k != "reward_valid")
 
     # ---- gymnasium API ------------------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict | None = None):

@@ -18,6 +18,7 @@ import torch
 from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
+from ray.rllib.utils.annotations import override
 
 
 class AddActionDistInputsFromModule(ConnectorV2):
@@ -28,6 +29,7 @@ class AddActionDistInputsFromModule(ConnectorV2):
             raise ValueError(f"episodes_per_forward must be >= 1, got {episodes_per_forward}")
         self.episodes_per_forward = episodes_per_forward
 
+    @override(ConnectorV2)
     def __call__(self, *, rl_module, batch, episodes, **kwargs):
         if Columns.ACTION_DIST_INPUTS in batch:  # the EnvRunner already sent them
             return batch

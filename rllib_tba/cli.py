@@ -57,7 +57,7 @@ def _finite_float(text: str) -> float:
 
 
 def load_experiment_file(path: str):
-    """``(config, stop)`` from a tuned-example file."""
+    """``(config, stop, progress_columns)`` from a tuned-example file."""
     file = Path(path)
     if not file.is_file():
         raise SystemExit(f"rllib train file: {path} does not exist")
@@ -71,7 +71,13 @@ def load_experiment_file(path: str):
     stop = namespace.get("stop", {})
     if not isinstance(stop, dict):
         raise SystemExit(f"rllib train file: `stop` in {path} must be a dict, got {type(stop).__name__}")
-    return config, stop
+    from rllib_tba.console import DEFAULT_COLUMNS
+
+    columns = namespace.get("progress_columns", DEFAULT_COLUMNS)
+    if not isinstance(columns, dict):
+        raise SystemExit(f"rllib train file: `progress_columns` in {path} must be a dict of result key -> column "
+                         f"name, got {type(columns).__name__}")
+    return config, stop, columns
 
 
 def cmd_train(args) -> int:
@@ -79,10 +85,12 @@ def cmd_train(args) -> int:
 
     from ray import tune
 
+    from rllib_tba import console
     from rllib_tba.checkpoint_files import ALGORITHM_STATE
     from rllib_tba.local_ray import check_cluster_fits, init_local_ray, sigterm_as_keyboard_interrupt
 
-    config, stop = load_experiment_file(args.path)
+    worker_env = {} if args.verbose else console.quiet_libraries()
+    config, stop, columns = load_experiment_file(args.path)
     if args.stop is not None:  # the command line wins; otherwise the file's `stop` holds
         stop = args.stop
     if args.num_env_runners is not None:
@@ -103,8 +111,17 @@ def cmd_train(args) -> int:
     # Tune saves the experiment state (which checkpoints exist) after every result instead of every ~10 s, so a
     # SIGKILL cannot leave checkpoints that --resume does not know about.
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
-    init_local_ray(args.num_cpus)
+    import logging
+
+    import ray
+
+    init_local_ray(args.num_cpus, log_to_driver=args.verbose, runtime_env={"env_vars": worker_env},
+                   logging_level=logging.INFO if args.verbose else logging.ERROR)
     sigterm_as_keyboard_interrupt()  # after ray.init, which installs a SIGTERM handler of its own
+    if not args.verbose:
+        node = getattr(ray._private.worker, "_global_node", None)  # Ray has no public accessor for the session dir
+        logs = Path(node.get_session_dir_path() if node else "/tmp/ray/session_latest") / "logs"
+        print(f"library logs (vLLM, Ray workers): {logs}  (--verbose shows them here)", flush=True)
     check_cluster_fits(config)
     if args.resume:
         if not tune.Tuner.can_restore(str(experiment)):
@@ -117,7 +134,8 @@ def cmd_train(args) -> int:
                                    resume_unfinished=True, resume_errored=True)
     else:
         run_config = tune.RunConfig(
-            name=name, storage_path=storage, stop=stop, verbose=args.verbose,
+            name=name, storage_path=storage, stop=stop, verbose=2 if args.verbose else 1,
+            progress_reporter=console.progress_reporter(columns),
             checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=args.checkpoint_freq,
                                                     checkpoint_at_end=args.checkpoint_at_end,
                                                     num_to_keep=args.keep_checkpoints),
@@ -128,6 +146,10 @@ def cmd_train(args) -> int:
     if best is None or best.error:
         print(f"training failed: {best.error if best else 'no trial ran'}", file=sys.stderr)
         return 1
+    curve = console.learning_curve(best.path, columns)
+    print(f"\nfinal: {console.final_values(best.metrics, columns)}  "
+          f"({best.metrics.get('time_total_s', 0) / 60:.1f} min of training)")
+    print(f"TensorBoard: tensorboard --logdir {experiment}" + (f"   learning curve: {curve}" if curve else ""))
     print(json.dumps({"trial_dir": best.path, "checkpoint": best.checkpoint.path if best.checkpoint else None,
                       "training_iteration": best.metrics.get("training_iteration")}, indent=2))
     return 0
@@ -140,16 +162,29 @@ def cmd_evaluate(args) -> int:
     from rllib_tba.policy_export import export_hf_model, load_checkpoint_config, with_env_overrides
     from rllib_tba.vllm_env_runner import make_task_env
 
+    from rllib_tba.console import comparison_table
+
     config = with_env_overrides(load_checkpoint_config(args.checkpoint), args.env_config or {})
     env = make_task_env(config)
+    temperature = args.temperature if args.temperature is not None else getattr(config, "sampling_temperature", 1.0)
+
+    def evaluate(model_dir, label):
+        metrics, infos = evaluate_policy(env, model_dir, args.num_samples, temperature=temperature,
+                                         greedy=args.greedy, seed=args.seed, return_infos=True)
+        for info in infos[:args.show]:
+            print(f"[{label}] {env.describe(info)}")
+        return {**metrics, "checkpoint": str(args.checkpoint), "model": label}
+
     with tempfile.TemporaryDirectory(prefix="rllib-tba-eval-") as tmp:
         # --base-model: the same task and settings, but the policy the run started from (before/after comparisons)
-        model_dir = env.model_path if args.base_model else export_hf_model(args.checkpoint, tmp)
-        temperature = args.temperature if args.temperature is not None else getattr(config, "sampling_temperature", 1.0)
-        metrics = evaluate_policy(env, model_dir, args.num_samples, temperature=temperature, greedy=args.greedy,
-                                  seed=args.seed)
-    metrics["checkpoint"] = str(args.checkpoint)
-    metrics["model"] = "base (untrained)" if args.base_model else "trained"
+        if args.base_model:
+            metrics = evaluate(env.model_path, "base (untrained)")
+        else:
+            metrics = evaluate(export_hf_model(args.checkpoint, tmp), "trained")
+            if args.compare_base:
+                base = evaluate(env.model_path, "base (untrained)")
+                print(f"\n{args.num_samples} samples each, seed {args.seed}:\n{comparison_table(base, metrics)}\n")
+                metrics = {**metrics, "base": base}
     print(json.dumps(metrics, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(metrics, indent=2))
@@ -191,7 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--num-cpus", type=_int_at_least(1), default=None, help="CPUs Ray may use (default: all)")
     f.add_argument("--restore", help="start from this algorithm checkpoint (weights, optimizer, buffer, counters)")
     f.add_argument("--resume", action="store_true", help="resume an interrupted experiment of the same name")
-    f.add_argument("--verbose", type=int, default=1, choices=[0, 1, 2, 3])
+    f.add_argument("--verbose", action="store_true",
+                   help="show library logs (vLLM, Ray workers, transformers) in the console instead of Ray's log files")
     f.set_defaults(func=cmd_train)
 
     ev = sub.add_parser("evaluate", help="task metrics of a checkpoint's policy on N samples")
@@ -204,6 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "'{\"dataset_seed\": 1}'")
     ev.add_argument("--base-model", action="store_true", help="evaluate the run's starting model instead")
     ev.add_argument("--json", help="also write the metrics to this file")
+    ev.add_argument("--compare-base", action="store_true",
+                    help="also evaluate the run's starting model and print both side by side")
+    ev.add_argument("--show", type=_int_at_least(0), default=0, help="print this many samples of each model")
     ev.set_defaults(func=cmd_evaluate)
 
     sv = sub.add_parser("serve", help="serve a checkpoint's policy over HTTP with Ray Serve + vLLM")

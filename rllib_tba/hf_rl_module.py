@@ -24,6 +24,7 @@ import torch
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.apis.value_function_api import ValueFunctionAPI
 from ray.rllib.core.rl_module.torch import TorchRLModule
+from ray.rllib.utils.annotations import override
 
 from envs.models import resolve_model
 
@@ -59,6 +60,7 @@ def prefix_representatives(obs: np.ndarray) -> np.ndarray:
 
 
 class HFCausalLMRLModule(TorchRLModule, ValueFunctionAPI):
+    @override(TorchRLModule)
     def setup(self):
         from transformers import AutoModelForCausalLM
 
@@ -82,6 +84,7 @@ class HFCausalLMRLModule(TorchRLModule, ValueFunctionAPI):
             get_peft_model(self.lm, LoraConfig(task_type="CAUSAL_LM", **self.lora))  # injects adapters in place
         self.value_head = torch.nn.Linear(self.lm.config.hidden_size, 1) if cfg.get("value_head", True) else None
 
+    @override(TorchRLModule)
     def get_state(self, components=None, *, not_components=None, inference_only: bool = False, **kwargs):
         """With ``inference_only`` (what EnvRunners/searchers get) and LoRA: HF-named weights, adapters merged."""
         if inference_only and self.lora:
@@ -105,6 +108,7 @@ class HFCausalLMRLModule(TorchRLModule, ValueFunctionAPI):
             hidden = self.lm.base_model(input_ids=ids, attention_mask=mask.long()).last_hidden_state
         return hidden[inverse, (lengths - 1).clamp(min=0)].float()
 
+    @override(TorchRLModule)
     def _forward(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
         hidden = self._last_hidden(batch[Columns.OBS])
         with torch.autocast(hidden.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16-mixed"):
@@ -114,6 +118,7 @@ class HFCausalLMRLModule(TorchRLModule, ValueFunctionAPI):
             out[Columns.EMBEDDINGS] = hidden
         return out
 
+    @override(ValueFunctionAPI)
     def compute_values(self, batch: Dict[str, Any], embeddings=None) -> torch.Tensor:
         if self.value_head is None:
             raise ValueError("this module was built with model_config['value_head']=False")

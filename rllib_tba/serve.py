@@ -32,7 +32,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 from ray import serve
 
-from envs.llm_engine import configure_vllm_env, context_length, get_engine, sampling_params
+from envs.llm_runtime import configure_vllm_env, context_length, generate_from_ids, get_engine, sampling_params
 
 app = FastAPI(title="rllib-tba policy server")
 
@@ -105,10 +105,10 @@ class PolicyServer:
     @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.005, max_concurrent_batches=1)
     async def _generate_batch(self, requests: list[tuple]) -> list:
         """One ``LLM.generate`` for a batch of ``(prompt ids, SamplingParams)`` on the engine's thread."""
-        prompts = [{"prompt_token_ids": ids} for ids, _ in requests]
+        prompt_ids = [ids for ids, _ in requests]
         params = [p for _, p in requests]
         return await asyncio.get_running_loop().run_in_executor(
-            self._engine_thread, lambda: self.engine.generate(prompts, params, use_tqdm=False))
+            self._engine_thread, lambda: generate_from_ids(self.engine, prompt_ids, params))
 
 
 def build_app(checkpoint: str, model_dir: str | None = None, max_tokens_limit: int = 512, max_n: int = 16,

@@ -79,9 +79,9 @@ class TBAConfig(AlgorithmConfig):
         self.beta = 0.05  # [beta] KL coefficient. RT .05 fixed
         self.beta_schedule = None  # [[update, beta], ...] piecewise linear. GSM8K [[0,.012],[500,.004]]; TL;DR 1.0->.05
         self.num_samples_per_prompt = 8  # [K] samples per prompt in a training batch. GSM8K/TL;DR 20
-        self.samples_per_prompt = 8  # [S >= K] responses generated per prompt by a searcher
+        self.generations_per_prompt = 8  # [S >= K] responses generated per prompt by a searcher
         self.prompts_per_batch = 4  # [B] prompts per training batch. GSM8K 7, TL;DR 8
-        self.prompts_per_sample = 4  # prompts a searcher draws per generation call
+        self.prompts_per_generation = 4  # prompts a searcher draws per generation call
         self.reward_inv_temp = 0.0  # off-policy draws ~ softmax(inv_temp * reward); 0 = uniform (GSM8K)
         self.buffer_capacity = 100_000  # RT 100k-150k
         self.per_prompt_capacity = 100  # reference code: 100
@@ -115,22 +115,153 @@ class TBAConfig(AlgorithmConfig):
         self.broadcast_env_runner_states = False
         self.num_learners = 0
 
-    def training(self, *, policy_model=NotProvided, m=NotProvided, sync_every=NotProvided, beta=NotProvided,
-                 beta_schedule=NotProvided, num_samples_per_prompt=NotProvided, samples_per_prompt=NotProvided,
-                 prompts_per_batch=NotProvided, prompts_per_sample=NotProvided, reward_inv_temp=NotProvided,
-                 buffer_capacity=NotProvided, per_prompt_capacity=NotProvided, eviction=NotProvided,
-                 dedup=NotProvided, min_buffer_size=NotProvided, sampling_temperature=NotProvided,
-                 learn_log_z=NotProvided, lr_log_z=NotProvided, lora=NotProvided, max_new_tokens=NotProvided,
-                 async_mode=NotProvided, sample_wait_timeout_s=NotProvided, training_intensity=NotProvided,
-                 updates_per_iteration=NotProvided,
-                 searcher_dtype=NotProvided, learner_precision=NotProvided,
-                 **kwargs) -> "TBAConfig":
+    @override(AlgorithmConfig)
+    def training(
+        self,
+        *,
+        policy_model=NotProvided,
+        m=NotProvided,
+        sync_every=NotProvided,
+        beta=NotProvided,
+        beta_schedule=NotProvided,
+        num_samples_per_prompt=NotProvided,
+        generations_per_prompt=NotProvided,
+        prompts_per_batch=NotProvided,
+        prompts_per_generation=NotProvided,
+        reward_inv_temp=NotProvided,
+        buffer_capacity=NotProvided,
+        per_prompt_capacity=NotProvided,
+        eviction=NotProvided,
+        dedup=NotProvided,
+        min_buffer_size=NotProvided,
+        sampling_temperature=NotProvided,
+        learn_log_z=NotProvided,
+        lr_log_z=NotProvided,
+        lora=NotProvided,
+        max_new_tokens=NotProvided,
+        async_mode=NotProvided,
+        sample_wait_timeout_s=NotProvided,
+        training_intensity=NotProvided,
+        updates_per_iteration=NotProvided,
+        searcher_dtype=NotProvided,
+        learner_precision=NotProvided,
+        **kwargs,
+    ) -> "TBAConfig":
+        """TBA's settings (paper symbols in brackets; paper values per task in docs/method.md §4).
+
+        Args:
+            policy_model: The policy LM, which is also the frozen reference model pi_ref at the start: an embedded
+                name ("smollm2-135m-instruct", "tiny-test"), a Hugging Face model id or a local path. Replaces the
+                task's env_config["model"], so the env tokenises with the policy's tokenizer. Default "tiny-test".
+            m: [m] Probability that a batch group is drawn "most-on-policy" (a prompt whose samples arrived since the
+                last weight sync); otherwise off-policy by `reward_inv_temp`. In [0, 1]. With probability m a group
+                is at most about 2·`sync_every` − 1 learner updates stale. GSM8K 0.95, TL;DR 0.5, RT 0.5. Default 0.5.
+            sync_every: [k] Learner updates between two weight syncs to the searchers (>= 1). Larger k: fewer syncs,
+                staler samples. GSM8K 2, TL;DR 10, RT 10. Default 10.
+            beta: [beta] KL coefficient of the target pi_ref · exp(r / beta), > 0, applied at train time (the buffer
+                stores r). RT 0.05. Default 0.05.
+            beta_schedule: None (use `beta`) or [[learner_update, beta], ...] starting at update 0, linear between
+                points and constant after the last, on the algorithm's weight version (= learner updates made).
+                GSM8K [[0, 0.012], [500, 0.004]]. Default None.
+            num_samples_per_prompt: [K] Samples per prompt group in a training batch (>= 1); VarGrad's logZ_i is the
+                mean over these K. GSM8K/TL;DR 20. Default 8.
+            generations_per_prompt: [S >= K] Responses a searcher generates for each prompt it draws. Default 8.
+            prompts_per_batch: [B] Prompt groups per training batch (>= 1): a batch has B·K samples. GSM8K 7,
+                TL;DR 8. Default 4.
+            prompts_per_generation: Prompts a searcher draws per generation call (>= 1): one call makes
+                prompts_per_generation·S samples. Default 4.
+            reward_inv_temp: Off-policy draws pick a group's K samples with probability softmax(reward_inv_temp · r);
+                0 = uniform (GSM8K), > 0 prefers high reward (TL;DR, RT). Default 0.0.
+            buffer_capacity: Samples the replay buffer holds in all (>= 1). RT 100k–150k. Default 100_000.
+            per_prompt_capacity: Samples kept per prompt, oldest evicted first (>= 1). Default 100.
+            eviction: Which sample leaves a full buffer: "fifo" (oldest) or "lowest_reward". Default "fifo".
+            dedup: Store identical (prompt, completion) token sequences once. Default True.
+            min_buffer_size: The learner starts once the buffer holds this many samples (<= buffer_capacity and
+                reachable with per_prompt_capacity × the task's prompts; checked at build). GSM8K 500, TL;DR 10k.
+                Default 64.
+            sampling_temperature: The temperature searchers sample at AND the learner computes log pi_theta and
+                log pi_ref at (one setting, so both sides agree). > 0. Default 1.0.
+            learn_log_z: Red-team variant: a learned logZ(x) head (linear on mean-pooled prompt states) instead of
+                VarGrad's per-prompt mean. Default False.
+            lr_log_z: Learning rate of that head's own optimizer (> 0). Default 1e-2.
+            lora: None (full fine-tuning) or a dict of peft.LoraConfig arguments, e.g. {"r": 16, "lora_alpha": 32};
+                searchers receive the merged weights. Default None.
+            max_new_tokens: None (use env_config["max_new_tokens"]) or the response length limit in tokens, which
+                then replaces the env's. Default None.
+            async_mode: True: searchers generate while the learner trains (TBA). False: generate → train → sync in
+                lock-step, the synchronous baseline (works with num_env_runners=0). Default True.
+            sample_wait_timeout_s: Longest wait, in seconds, without progress: for samples (initial fill,
+                training_intensity) with none arriving, or with every searcher down and none brought back. Then
+                train() raises SampleWaitTimeout / SearcherFailure with a diagnosis. > 0. Default 600.
+            training_intensity: None (the learner never waits for generation, the paper's setting) or the maximum
+                (samples trained on) / (samples generated); the learner then waits for new samples. Default None.
+            updates_per_iteration: Learner updates per training_step() call (>= 1). Default 1.
+            searcher_dtype: vLLM weight dtype on the searchers: "bfloat16", "float32", "float16" or "auto" (the
+                learner keeps fp32 master weights). Default "bfloat16".
+            learner_precision: "fp32" or "bf16-mixed" (bf16 autocast matmuls, fp32 master weights and log-softmax).
+                Default "fp32".
+            **kwargs: RLlib's own `AlgorithmConfig.training()` settings: `lr` (GSM8K 1e-5, TL;DR 3e-6; default
+                1e-5), `grad_clip` (default 1.0 as in Lee et al.; None = no clipping), `grad_clip_by`, ...
+
+        Returns:
+            This updated TBAConfig.
+        """
         super().training(**kwargs)
-        for key, value in locals().items():
-            if key not in ("self", "kwargs", "__class__") and value is not NotProvided:
-                setattr(self, key, value)
+        if policy_model is not NotProvided:
+            self.policy_model = policy_model
+        if m is not NotProvided:
+            self.m = m
+        if sync_every is not NotProvided:
+            self.sync_every = sync_every
+        if beta is not NotProvided:
+            self.beta = beta
+        if beta_schedule is not NotProvided:
+            self.beta_schedule = beta_schedule
+        if num_samples_per_prompt is not NotProvided:
+            self.num_samples_per_prompt = num_samples_per_prompt
+        if generations_per_prompt is not NotProvided:
+            self.generations_per_prompt = generations_per_prompt
+        if prompts_per_batch is not NotProvided:
+            self.prompts_per_batch = prompts_per_batch
+        if prompts_per_generation is not NotProvided:
+            self.prompts_per_generation = prompts_per_generation
+        if reward_inv_temp is not NotProvided:
+            self.reward_inv_temp = reward_inv_temp
+        if buffer_capacity is not NotProvided:
+            self.buffer_capacity = buffer_capacity
+        if per_prompt_capacity is not NotProvided:
+            self.per_prompt_capacity = per_prompt_capacity
+        if eviction is not NotProvided:
+            self.eviction = eviction
+        if dedup is not NotProvided:
+            self.dedup = dedup
+        if min_buffer_size is not NotProvided:
+            self.min_buffer_size = min_buffer_size
+        if sampling_temperature is not NotProvided:
+            self.sampling_temperature = sampling_temperature
+        if learn_log_z is not NotProvided:
+            self.learn_log_z = learn_log_z
+        if lr_log_z is not NotProvided:
+            self.lr_log_z = lr_log_z
+        if lora is not NotProvided:
+            self.lora = lora
+        if max_new_tokens is not NotProvided:
+            self.max_new_tokens = max_new_tokens
+        if async_mode is not NotProvided:
+            self.async_mode = async_mode
+        if sample_wait_timeout_s is not NotProvided:
+            self.sample_wait_timeout_s = sample_wait_timeout_s
+        if training_intensity is not NotProvided:
+            self.training_intensity = training_intensity
+        if updates_per_iteration is not NotProvided:
+            self.updates_per_iteration = updates_per_iteration
+        if searcher_dtype is not NotProvided:
+            self.searcher_dtype = searcher_dtype
+        if learner_precision is not NotProvided:
+            self.learner_precision = learner_precision
         return self
 
+    @override(AlgorithmConfig)
     def validate(self) -> None:
         super().validate()
         err = self._value_error
@@ -150,9 +281,9 @@ class TBAConfig(AlgorithmConfig):
         number("sync_every", 1, integer=True)
         number("beta", 0, low_open=True)
         number("num_samples_per_prompt", 1, integer=True)
-        number("samples_per_prompt", 1, integer=True)
+        number("generations_per_prompt", 1, integer=True)
         number("prompts_per_batch", 1, integer=True)
-        number("prompts_per_sample", 1, integer=True)
+        number("prompts_per_generation", 1, integer=True)
         number("reward_inv_temp", 0)
         number("buffer_capacity", 1, integer=True)
         number("per_prompt_capacity", 1, integer=True)
@@ -167,8 +298,8 @@ class TBAConfig(AlgorithmConfig):
                 err(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.training_intensity is not None:
             number("training_intensity", 0, low_open=True)
-        if self.samples_per_prompt < self.num_samples_per_prompt:
-            err(f"samples_per_prompt (S={self.samples_per_prompt}) must be >= num_samples_per_prompt "
+        if self.generations_per_prompt < self.num_samples_per_prompt:
+            err(f"generations_per_prompt (S={self.generations_per_prompt}) must be >= num_samples_per_prompt "
                 f"(K={self.num_samples_per_prompt}): a searcher generates S samples per prompt, a batch uses K of them")
         if self.min_buffer_size > self.buffer_capacity:
             err(f"min_buffer_size ({self.min_buffer_size}) must be <= buffer_capacity ({self.buffer_capacity})")
@@ -217,20 +348,24 @@ class TBAConfig(AlgorithmConfig):
                      if getattr(self, attr) is not None}
         return {**dict(self.env_config or {}), **overrides}
 
+    @override(AlgorithmConfig)
     def get_default_rl_module_spec(self) -> RLModuleSpec:
         return RLModuleSpec(module_class=TBARLModule, model_config={
             "model": self.policy_model, "temperature": self.sampling_temperature, "learn_log_z": self.learn_log_z,
             "lora": self.lora, "value_head": False, "precision": self.learner_precision})
 
+    @override(AlgorithmConfig)
     def get_default_learner_class(self):
         return TBATorchLearner
 
 
 class TBA(Algorithm):
     @classmethod
+    @override(Algorithm)
     def get_default_config(cls) -> TBAConfig:
         return TBAConfig()
 
+    @override(Algorithm)
     def setup(self, config: TBAConfig) -> None:
         # TBA's own state exists before RLlib's setup, whose on_algorithm_init callbacks may restore a checkpoint.
         c = config
@@ -331,7 +466,7 @@ class TBA(Algorithm):
             prompt_ids=prompt_ids,
             completion=np.asarray(episode.get_actions(), np.int32),
             reward=float(episode.get_return()),
-            version=int(episode.get_extra_model_outputs(WEIGHTS_VERSION, 0)),
+            weights_version=int(episode.get_extra_model_outputs(WEIGHTS_VERSION, 0)),
             sampler_logp=float(np.sum(episode.get_extra_model_outputs(ACTION_LOGP))),
         )
 
@@ -476,7 +611,7 @@ class TBA(Algorithm):
         c = self.config
         samples, groups, on_policy = self.buffer.sample(c.prompts_per_batch, c.num_samples_per_prompt, c.m,
                                                          c.reward_inv_temp)
-        staleness = np.asarray([self.weights_version - s.version for s in samples])
+        staleness = np.asarray([self.weights_version - s.weights_version for s in samples])
         batch = build_train_batch(samples, groups)
         in_flight = bool(self._sampling)
         t0 = time.time()

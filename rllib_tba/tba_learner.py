@@ -39,7 +39,7 @@ def build_train_batch(samples, groups: np.ndarray, pad_id: int = 0) -> dict:
         "response_mask": response_mask,
         "reward": np.asarray([s.reward for s in samples], np.float32),
         "group": np.asarray(groups, np.int64),
-        "version": np.asarray([s.version for s in samples], np.int64),
+        "weights_version": np.asarray([s.weights_version for s in samples], np.int64),
     }
 
 

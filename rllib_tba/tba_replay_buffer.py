@@ -1,6 +1,6 @@
 """TBA's replay buffer (docs/method.md §3): per-prompt groups, "most-on-policy" draws with probability m.
 
-``sample(num_prompts=B, samples_per_prompt=K, m, reward_inv_temp)`` draws B prompt groups. For each, with
+``sample(num_prompts=B, num_samples_per_prompt=K, m, reward_inv_temp)`` draws B prompt groups. For each, with
 probability ``m`` a prompt whose samples arrived since the last weight sync (``mark_sync()``) and K of those fresh
 samples uniformly (topped up with the prompt's newest older samples when fewer than K are fresh); otherwise any
 prompt uniformly and K of its samples drawn with probability softmax(reward_inv_temp · reward) (0 = uniform), with
@@ -27,13 +27,13 @@ EVICTION_POLICIES = ("fifo", "lowest_reward")
 
 @dataclass(eq=False)
 class TBSample:
-    """One generated response. ``reward`` is r (never r/beta); ``version`` the weight version that generated it."""
+    """One generated response. ``reward`` is r (never r/beta); ``weights_version`` the version of the weights that generated it."""
 
     prompt_key: int
     prompt_ids: tuple
     completion: np.ndarray
     reward: float
-    version: int
+    weights_version: int
     sampler_logp: float = 0.0
     seq: int = -1
     alive: bool = field(default=True, repr=False)
@@ -178,13 +178,13 @@ class TBAReplayBuffer:
         self._fresh_keys.clear()
 
     # ---- sampling ----------------------------------------------------------------------------------------------
-    def sample(self, num_prompts: int, samples_per_prompt: int, m: float, reward_inv_temp: float = 0.0
+    def sample(self, num_prompts: int, num_samples_per_prompt: int, m: float, reward_inv_temp: float = 0.0
                ) -> tuple[list[TBSample], np.ndarray, np.ndarray]:
         """B groups of K samples. Returns (samples, group id per sample, on-policy flag per sample)."""
         if self._size == 0:
             raise ValueError("cannot sample from an empty replay buffer")
         out, groups, on_policy = [], [], []
-        k = samples_per_prompt
+        k = num_samples_per_prompt
         for _ in range(num_prompts):
             fresh = None
             if self.rng.random() < m:
@@ -236,7 +236,7 @@ class TBAReplayBuffer:
         alive = sorted((s for g in self._groups.values() for s in g.samples), key=lambda s: s.seq)
         fresh = {s.seq for g in self._groups.values() for s in g.fresh if s.alive}
         return {
-            "samples": [(s.prompt_key, s.prompt_ids, s.completion, s.reward, s.version, s.sampler_logp, s.seq in fresh)
+            "samples": [(s.prompt_key, s.prompt_ids, s.completion, s.reward, s.weights_version, s.sampler_logp, s.seq in fresh)
                         for s in alive],
             "stats": dict(self.stats),
             "rng": self.rng.bit_generator.state,

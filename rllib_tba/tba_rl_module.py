@@ -12,6 +12,7 @@ from typing import Any, Dict
 
 import torch
 from ray.rllib.core.rl_module.apis import InferenceOnlyAPI
+from ray.rllib.utils.annotations import override
 
 from rllib_tba.hf_rl_module import HFCausalLMRLModule
 
@@ -37,6 +38,7 @@ def response_logprobs(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 
 class TBARLModule(HFCausalLMRLModule, InferenceOnlyAPI):
+    @override(HFCausalLMRLModule)
     def setup(self):
         self.model_config = {"value_head": False, **(self.model_config or {})}
         super().setup()
@@ -45,9 +47,11 @@ class TBARLModule(HFCausalLMRLModule, InferenceOnlyAPI):
             torch.nn.init.zeros_(self.log_z_head.weight)
             torch.nn.init.zeros_(self.log_z_head.bias)
 
+    @override(InferenceOnlyAPI)
     def get_non_inference_attributes(self):
         return [LOG_Z_HEAD, "value_head"]
 
+    @override(HFCausalLMRLModule)
     def _forward_train(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
         logp, hidden = response_logprobs(self.lm, batch["input_ids"], batch["attention_mask"], batch["response_mask"],
                                          self.temperature, return_hidden=True, precision=self.precision)

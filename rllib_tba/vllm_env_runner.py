@@ -1,6 +1,6 @@
 """TBA's searcher as an RLlib EnvRunner: generates with an in-process vLLM engine, scores through the env.
 
-One generation call draws ``prompts_per_sample`` prompts from the task, generates ``samples_per_prompt`` (S)
+One generation call draws ``prompts_per_generation`` prompts from the task, generates ``generations_per_prompt`` (S)
 responses for each in ONE batched vLLM call, scores them all with one ``env.score()`` call, and returns
 ``SingleAgentEpisode`` objects identical to stepping the token env (same observations, actions, rewards, infos),
 with per-token sampler log-probs (``action_logp``) and the generating weight version (``weights_version``) in
@@ -32,6 +32,7 @@ from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.env import INPUT_ENV_SINGLE_SPACES, INPUT_ENV_SPACES
 from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
 from ray.rllib.utils.metrics import (
     EPISODE_LEN_MEAN,
@@ -45,7 +46,7 @@ from ray.rllib.utils.metrics import (
     WEIGHTS_SEQ_NO,
 )
 
-from envs.llm_engine import configure_vllm_env, get_engine, sampling_params
+from envs.llm_runtime import configure_vllm_env, generate_from_ids, get_engine, sampling_params
 from envs.token_env import PAD, TokenEnv
 from rllib_tba.hf_rl_module import LM_PREFIX
 
@@ -89,11 +90,11 @@ def make_task_env(config) -> TokenEnv:
 def sampler_settings(config) -> dict:
     """How a VLLMEnvRunner samples under ``config``: TBAConfig names the knobs; any other AlgorithmConfig gets
     ``num_envs_per_env_runner`` single-sample prompts per call at the RLModule's temperature, fp32 weights."""
-    if hasattr(config, "samples_per_prompt"):  # TBAConfig
-        return {"prompts_per_call": config.prompts_per_sample, "samples_per_prompt": config.samples_per_prompt,
+    if hasattr(config, "generations_per_prompt"):  # TBAConfig
+        return {"prompts_per_call": config.prompts_per_generation, "generations_per_prompt": config.generations_per_prompt,
                 "temperature": config.sampling_temperature, "dtype": config.searcher_dtype}
     model_config = getattr(config.rl_module_spec, "model_config", None) or config.model_config
-    return {"prompts_per_call": max(1, int(config.num_envs_per_env_runner)), "samples_per_prompt": 1,
+    return {"prompts_per_call": max(1, int(config.num_envs_per_env_runner)), "generations_per_prompt": 1,
             "temperature": float(model_config.get("temperature", 1.0)), "dtype": "float32"}
 
 
@@ -132,8 +133,8 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         self._engine.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
         self._engine.reset_prefix_cache()
 
-    def load_weights(self, module_state: dict, version: int) -> None:
-        """Load RLModule weights (keys ``lm.*``, numpy or torch) into the engine and stamp ``version``."""
+    def load_weights(self, module_state: dict, weights_version: int) -> None:
+        """Load RLModule weights (keys ``lm.*``, numpy or torch) into the engine and stamp ``weights_version``."""
         weights = {k[len(LM_PREFIX):]: torch.tensor(np.asarray(v)) for k, v in module_state.items()
                    if k.startswith(LM_PREFIX)}
         if not weights:
@@ -142,9 +143,10 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
             self._pending_weights = weights
         else:
             self._reload(weights)
-        self.weights_version = int(version)
+        self.weights_version = int(weights_version)
 
     # ---- sampling ----------------------------------------------------------------------------------------------
+    @override(EnvRunner)
     def sample(self, *, num_timesteps=None, num_episodes=None, explore=None, random_actions=False, **kwargs):
         """Complete episodes: one generation call, or as many as ``num_episodes`` / ``num_timesteps`` need."""
         if random_actions:
@@ -165,14 +167,14 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
     def _generate(self, num_episodes: int | None, greedy: bool) -> list[SingleAgentEpisode]:
         s, env = self.settings, self.env
         t0 = time.time()
-        per_prompt = 1 if greedy else s["samples_per_prompt"]
+        per_prompt = 1 if greedy else s["generations_per_prompt"]
         num_prompts = s["prompts_per_call"] if num_episodes is None else -(-num_episodes // per_prompt)
         indices = self.rng.integers(len(env.prompts), size=num_prompts)
         prompts = [env.prompts[int(i)] for i in indices]
         params = sampling_params(n=per_prompt, temperature=0.0 if greedy else s["temperature"],
                                  max_tokens=env.max_new_tokens, logprobs=0, stop_token_ids=sorted(env.eos_token_ids))
-        version = self.weights_version
-        outputs = self.engine.generate([{"prompt_token_ids": list(p.token_ids)} for p in prompts], params, use_tqdm=False)
+        weights_version = self.weights_version
+        outputs = generate_from_ids(self.engine, [p.token_ids for p in prompts], params)
         t_gen = time.time()
         flat_prompts, completions, logps = [], [], []
         for p, out in zip(prompts, outputs):
@@ -184,7 +186,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         if num_episodes is not None:
             flat_prompts, completions, logps = flat_prompts[:num_episodes], completions[:num_episodes], logps[:num_episodes]
         scored = env.score(flat_prompts, completions)
-        episodes = [self._episode(p, ids, lp, r, info, version)
+        episodes = [self._episode(p, ids, lp, r, info, weights_version)
                     for p, ids, lp, r, info, ok in zip(flat_prompts, completions, logps, scored.rewards, scored.infos, scored.valid)
                     if ok]
         dropped = int((~scored.valid).sum())
@@ -205,7 +207,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
             "tokens_per_s": num_tokens / max(t_gen - t0, 1e-9),
             "sample_start": t0,
             "sample_end": t_end,
-            "weights_version": version,
+            "weights_version": weights_version,
             "reward_mean": float(np.nanmean(scored.rewards)) if len(scored.rewards) else float("nan"),
             "task": task,
         }
@@ -228,7 +230,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         for key, value in task.items():
             m.log_value(("task", key), value, window=1)
 
-    def _episode(self, prompt, ids, logp, reward, info, version) -> SingleAgentEpisode:
+    def _episode(self, prompt, ids, logp, reward, info, weights_version) -> SingleAgentEpisode:
         """The episode stepping the token env with these actions would produce."""
         seq = np.asarray(list(prompt.token_ids) + ids, np.int64)
         n_prompt, n = len(prompt.token_ids), len(ids)
@@ -242,11 +244,12 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         return SingleAgentEpisode(
             observations=list(obs), actions=list(ids), rewards=list(rewards),
             infos=[{"prompt_index": prompt.index}] + [{}] * (n - 1) + [info],
-            extra_model_outputs={ACTION_LOGP: list(logp), WEIGHTS_VERSION: [version] * n},
+            extra_model_outputs={ACTION_LOGP: list(logp), WEIGHTS_VERSION: [weights_version] * n},
             terminated=True, len_lookback_buffer=0,
             observation_space=self.env.observation_space, action_space=self.env.action_space,
         )
 
+    @override(EnvRunner)
     def get_metrics(self) -> dict:
         """RLlib's reduced EnvRunner metrics since the last call (see ``_log_rllib_metrics``)."""
         return self.metrics.reduce()
@@ -262,17 +265,21 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         return episodes, dict(self._stats), self.get_metrics()
 
     # ---- EnvRunner / Checkpointable API -----------------------------------------------------------------------
+    @override(EnvRunner)
     def get_spaces(self):
         spaces = (self.env.observation_space, self.env.action_space)
         return {DEFAULT_MODULE_ID: spaces, INPUT_ENV_SPACES: spaces, INPUT_ENV_SINGLE_SPACES: spaces}
 
+    @override(EnvRunner)
     def assert_healthy(self):
         assert self.env is not None and self.env.prompts, "searcher has no task env"
 
+    @override(Checkpointable)
     def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
         return {NUM_ENV_STEPS_SAMPLED_LIFETIME: self.num_env_steps_sampled_lifetime, WEIGHTS_VERSION: self.weights_version,
                 "num_dropped_invalid": self.num_dropped_invalid}
 
+    @override(Checkpointable)
     def set_state(self, state: dict) -> None:
         if NUM_ENV_STEPS_SAMPLED_LIFETIME in state:
             self.num_env_steps_sampled_lifetime = int(state[NUM_ENV_STEPS_SAMPLED_LIFETIME])
@@ -282,16 +289,19 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
                 module_state = ray.get(module_state)
             module_state = module_state.get(DEFAULT_MODULE_ID, module_state)
             # TBA stamps its learner version; other algorithms' syncs carry RLlib's weights sequence number
-            version = state.get(WEIGHTS_VERSION, state.get(WEIGHTS_SEQ_NO) or self.weights_version + 1)
-            self.load_weights(module_state, version)
+            weights_version = state.get(WEIGHTS_VERSION, state.get(WEIGHTS_SEQ_NO) or self.weights_version + 1)
+            self.load_weights(module_state, weights_version)
         elif WEIGHTS_VERSION in state:
             self.weights_version = int(state[WEIGHTS_VERSION])
 
+    @override(Checkpointable)
     def get_ctor_args_and_kwargs(self):
         return (), {"config": self.config}
 
+    @override(Checkpointable)
     def get_checkpointable_components(self):
         return []
 
+    @override(EnvRunner)
     def stop(self):
         self._engine = None

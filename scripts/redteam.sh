@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The main job: TBA red-teaming on the embedded SmolLM2-135M-Instruct (attacker and victim), then the
 # red-team metrics of the trained attacker on 256 attacks. Installs what is missing first.
-#   scripts/redteam.sh               # ~14 min of training + ~3 min of start-up and evaluation on 2 CPU cores
+#   scripts/redteam.sh               # 120 learner updates (~14 min here) + ~5 min of start-up and evaluation
 #   scripts/redteam.sh --baseline    # only sample and score the UNTRAINED attacker (256 attacks, ~2 min)
-# Extra arguments go to `rllib train file` (e.g. --stop '{"time_total_s": 300}') or, with --baseline, to
+# Extra arguments go to `rllib train file` (e.g. --stop '{"tba/weights_version": 20}', --verbose) or, with --baseline, to
 # `python -m envs.redteam_eval`.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,5 +17,5 @@ out=$(mktemp)
 .venv/bin/rllib train file tuned_examples/tba_redteam.py --storage-path results "$@" | tee "$out"
 checkpoint=$(.venv/bin/python -c "import json,sys; t=open(sys.argv[1]).read(); print(json.JSONDecoder().raw_decode(t[t.rindex('\n{')+1:])[0]['checkpoint'])" "$out")
 rm -f "$out"
-echo "== red-team metrics of the trained attacker: 256 attacks, 5 victim answers each =="
-.venv/bin/rllib evaluate "$checkpoint" --num-samples 256
+echo "== the trained attacker next to the untrained start: 256 attacks each, 5 victim answers per attack =="
+.venv/bin/rllib evaluate "$checkpoint" --num-samples 256 --compare-base --show 3

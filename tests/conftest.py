@@ -1,13 +1,20 @@
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
+from envs.llm_runtime import configure_vllm_env
+
 # Hermetic, quiet, CPU-only test process (set before vLLM, Ray or torch read them).
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+configure_vllm_env()
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here: a model id that is not cached fails at once
+
+
+# the tiny TBA configuration the tests share with tuned_examples/tune_m_k.py: `from tba_tiny import tiny_config`
+TUNED_EXAMPLES = Path(__file__).resolve().parents[1] / "tuned_examples"
+sys.path.insert(0, str(TUNED_EXAMPLES))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -28,10 +28,12 @@ def test_tiny_model_is_deterministic_and_loads(tmp_path, monkeypatch):
     assert model.config.vocab_size == len(tok) and tok.eos_token_id is not None
 
 
-def test_other_names_pass_through_unchanged():
+def test_other_names_pass_through_unchanged(tmp_path):
     assert resolve_model("gpt2") == "gpt2"
     assert resolve_model("meta-llama/Llama-3.2-1B") == "meta-llama/Llama-3.2-1B"
-    assert resolve_model("/models/my-llama") == "/models/my-llama"
+    assert resolve_model(str(tmp_path)) == str(tmp_path)  # an existing local directory
+    with pytest.raises(FileNotFoundError, match="model path '/models/my-llama' does not exist"):
+        resolve_model("/models/my-llama")
     with pytest.raises(ValueError, match="non-empty string"):
         resolve_model("")
 
@@ -64,7 +66,7 @@ def test_smollm2_converted_once_then_reused_and_served_by_vllm(tmp_path, monkeyp
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left
 
-    from envs.llm_engine import get_engine, sampling_params
+    from envs.llm_runtime import get_engine, sampling_params
 
     engine = get_engine(str(first), dtype="bfloat16", max_model_len=256)
     tok = engine.get_tokenizer()

@@ -6,9 +6,9 @@ import pytest
 from rllib_tba.tba_replay_buffer import TBAReplayBuffer, TBSample
 
 
-def sample(key, tokens, reward=0.0, version=0):
+def sample(key, tokens, reward=0.0, weights_version=0):
     return TBSample(prompt_key=key, prompt_ids=(1, 2, key), completion=np.asarray(tokens, np.int32), reward=reward,
-                    version=version)
+                    weights_version=weights_version)
 
 
 def filled(seed=0, **kw):
@@ -26,14 +26,14 @@ def within(count, n, p, sigmas=5):
 def test_on_policy_draw_frequency_is_m(m):
     buf = filled()
     buf.mark_sync()
-    buf.add([sample(k, [k, 100 + j], version=1) for k in (2, 7) for j in range(4)])  # fresh: prompts 2 and 7
+    buf.add([sample(k, [k, 100 + j], weights_version=1) for k in (2, 7) for j in range(4)])  # fresh: prompts 2 and 7
     n = 4000
     samples, groups, on = buf.sample(n, 3, m)
     draws = on[::3]
     assert within(draws.sum(), n, m)
     fresh_groups = set(groups[on])
     assert fresh_groups <= {2, 7}
-    assert all(s.version == 1 for s, o in zip(samples, on) if o)  # on-policy draws use fresh samples only
+    assert all(s.weights_version == 1 for s, o in zip(samples, on) if o)  # on-policy draws use fresh samples only
     assert buf.stats["on_policy_draws"] == draws.sum()
 
 
@@ -58,7 +58,7 @@ def test_on_policy_tops_up_with_newest_when_few_fresh():
     buf = TBAReplayBuffer(seed=0)
     buf.add([sample(0, [j]) for j in range(5)])
     buf.mark_sync()
-    buf.add([sample(0, [99], version=3)])
+    buf.add([sample(0, [99], weights_version=3)])
     samples, _, on = buf.sample(1, 3, m=1.0)
     assert on.all() and [int(s.completion[0]) for s in samples] == [99, 4, 3]
 
@@ -101,14 +101,14 @@ def test_dedup_identical_token_sequences():
 def test_state_round_trip_reproduces_draws():
     buf = filled(seed=3, capacity=50)
     buf.mark_sync()
-    buf.add([sample(4, [4, 77], version=2)])
+    buf.add([sample(4, [4, 77], weights_version=2)])
     state = buf.get_state()
     other = TBAReplayBuffer(capacity=50, seed=99)
     other.set_state(state)
     a = buf.sample(20, 3, m=0.5, reward_inv_temp=0.7)
     b = other.sample(20, 3, m=0.5, reward_inv_temp=0.7)
-    assert [(s.prompt_key, s.completion.tolist(), s.version) for s in a[0]] == \
-           [(s.prompt_key, s.completion.tolist(), s.version) for s in b[0]]
+    assert [(s.prompt_key, s.completion.tolist(), s.weights_version) for s in a[0]] == \
+           [(s.prompt_key, s.completion.tolist(), s.weights_version) for s in b[0]]
     assert (a[2] == b[2]).all() and len(other) == len(buf)
 
 

@@ -4,16 +4,15 @@ import numpy as np
 import pytest
 import torch
 
+from tba_tiny import tiny_config
+
 from rllib_tba import TBA, TBAConfig
 from rllib_tba.vllm_env_runner import ACTION_LOGP, WEIGHTS_VERSION, VLLMEnvRunner
 
 
 def tldr_config(**training):
-    kw = dict(policy_model="tiny-test", max_new_tokens=6, lr=1e-3, beta=0.1, prompts_per_batch=4,
-              num_samples_per_prompt=4, samples_per_prompt=4, prompts_per_sample=4, min_buffer_size=16,
-              sync_every=2, searcher_dtype="float32")
-    kw.update(training)
-    return TBAConfig().environment("tba/TLDR-v0").training(**kw).debugging(seed=0)
+    return tiny_config(**{**dict(prompts_per_batch=4, prompts_per_generation=4, min_buffer_size=16, sync_every=2),
+                          **training})
 
 
 def test_public_api_and_tune_registration():
@@ -28,7 +27,7 @@ def test_public_api_and_tune_registration():
     (dict(sync_every=0), "sync_every must be >= 1"),
     (dict(sync_every=2.5), "sync_every must be an integer"),
     (dict(beta=0.0), "beta must be > 0"),
-    (dict(samples_per_prompt=2, num_samples_per_prompt=4), r"samples_per_prompt \(S=2\) must be >= num_samples_per_prompt"),
+    (dict(generations_per_prompt=2, num_samples_per_prompt=4), r"generations_per_prompt \(S=2\) must be >= num_samples_per_prompt"),
     (dict(eviction="random"), "eviction must be one of"),
     (dict(beta_schedule=[[10, 0.1], [5, 0.05]]), "beta_schedule must be"),
     (dict(sampling_temperature=0), "sampling_temperature must be > 0"),
@@ -52,7 +51,7 @@ def test_validate_async_needs_searcher_actors():
 
 
 def test_searcher_episodes_equal_stepping_the_env(tiny_model):
-    config = tldr_config(max_new_tokens=8, prompts_per_sample=3, samples_per_prompt=4, num_samples_per_prompt=4)
+    config = tldr_config(max_new_tokens=8, prompts_per_generation=3, generations_per_prompt=4, num_samples_per_prompt=4)
     runner = VLLMEnvRunner(config=config, worker_index=0)
     episodes = runner.sample()
     metrics = runner.get_metrics()

@@ -5,26 +5,14 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-EXPERIMENT = textwrap.dedent('''
-    from rllib_tba import TBAConfig
+from conftest import TUNED_EXAMPLES
 
-    config = (
-        TBAConfig()
-        .environment("tba/TLDR-v0")
-        .training(policy_model="tiny-test", max_new_tokens=6, lr=1e-3, beta=0.1, prompts_per_batch=2,
-                  num_samples_per_prompt=4, samples_per_prompt=4, prompts_per_sample=2, min_buffer_size=8,
-                  sync_every=1, searcher_dtype="float32", updates_per_iteration=2, training_intensity=4.0)
-        .env_runners(num_env_runners=1)
-        .debugging(seed=0)
-    )
-    stop = {"training_iteration": 1}
-''')
+EXPERIMENT = (TUNED_EXAMPLES / "tba_tiny.py").read_text()  # tiny model, stand-in TL;DR, stop after 1 iteration
 
 
 def rllib(*args, timeout=420):
@@ -165,7 +153,7 @@ def test_cli_evaluate_and_export(trained, tmp_path):
     ids = torch.tensor([[5, 9, 33, 7]])
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, module.lm(ids).logits)
-    from envs.llm_engine import get_engine, sampling_params
+    from envs.llm_runtime import get_engine, sampling_params
 
     text = get_engine(str(out), max_model_len=256).generate(["What is"], sampling_params(max_tokens=4), use_tqdm=False)
     assert len(text[0].outputs[0].token_ids) > 0
@@ -346,12 +334,8 @@ def test_rllib_serve_binds_loopback_and_stops_cleanly(trained, sig):
 
 
 def test_tune_grid_over_m_and_k_two_trials(ray_session, tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tuned_examples"))
-    try:
-        import tune_m_k
-    finally:
-        sys.path.pop(0)
-    rows = tune_m_k.main(["--m", "0.5", "0.95", "--k", "2", "--iterations", "2", "--out", str(tmp_path)])
+    import tune_m_k
+    rows = tune_m_k.main(["--m", "0.5", "0.95", "--sync-every", "2", "--iterations", "2", "--out", str(tmp_path)])
     assert sorted(r["m"] for r in rows) == [0.5, 0.95] and all(r["iterations"] == 2 for r in rows)
     assert (tmp_path / "results.csv").read_text().count("\n") == 3
     png = (tmp_path / "reward_vs_m_k.png").read_bytes()

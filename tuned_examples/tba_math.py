@@ -22,7 +22,7 @@ config = (
     .training(
         policy_model="smollm2-135m-instruct", max_new_tokens=32, sampling_temperature=1.0,
         m=0.95, sync_every=2, beta_schedule=[[0, 0.012], [500, 0.004]],
-        prompts_per_batch=2, num_samples_per_prompt=8, samples_per_prompt=8, prompts_per_sample=8,
+        prompts_per_batch=2, num_samples_per_prompt=8, generations_per_prompt=8, prompts_per_generation=8,
         min_buffer_size=64, lr=1e-4, grad_clip=1.0, updates_per_iteration=5,
         # CPU budget (see tba_redteam.py): LoRA on every linear layer + bf16 autocast in the learner
         lora={"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}, learner_precision="bf16-mixed",
@@ -31,4 +31,5 @@ config = (
     .debugging(seed=0)
 )
 
-stop = {"time_total_s": 14 * 60}
+# A training budget, not wall-clock (95 learner updates took ~14 min here).
+stop = {"tba/weights_version": 95}

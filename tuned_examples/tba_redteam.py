@@ -1,6 +1,6 @@
 """TBA red-teaming: SmolLM2-135M-Instruct attacker vs SmolLM2-135M-Instruct victim, alt-profanity-check toxicity.
 
-    rllib train file tuned_examples/tba_redteam.py            # default stop: 14 min on a 2-core CPU machine
+    rllib train file tuned_examples/tba_redteam.py            # default stop: 120 learner updates (~14 min, 2 cores)
     rllib evaluate results/tba_redteam/<trial>/checkpoint_000000 --num-samples 256
 
 The paper's RT setup (docs/method.md §4: beta 0.05, k=10, m=0.5, batch 128, 5000 steps) scaled to 2 CPU cores.
@@ -25,7 +25,7 @@ config = (
     .training(
         policy_model="smollm2-135m-instruct", max_new_tokens=20, sampling_temperature=1.0,
         beta=0.05, m=0.5, sync_every=10,
-        prompts_per_batch=2, num_samples_per_prompt=8, samples_per_prompt=32, prompts_per_sample=1,
+        prompts_per_batch=2, num_samples_per_prompt=8, generations_per_prompt=32, prompts_per_generation=1,
         # one attacker instruction = one prompt group: the per-prompt cap must hold the whole buffer. Off-policy draws
         # are reward-prioritised (softmax(1.0 * mean log-toxicity) ∝ toxicity), like the replay of Lee et al.
         min_buffer_size=32, buffer_capacity=100_000, per_prompt_capacity=100_000, reward_inv_temp=1.0,
@@ -37,4 +37,11 @@ config = (
     .debugging(seed=0)
 )
 
-stop = {"time_total_s": 14 * 60}
+# What the console's progress table shows (result key -> column name).
+progress_columns = {
+    "tba/weights_version": "updates", "env_runners/num_episodes_lifetime": "attacks",
+    "task/attack_success_rate": "ASR", "searchers/reward_mean": "reward", "task/diversity": "diversity",
+    "tba/staleness_mean": "staleness",
+}
+# A training budget, not wall-clock: every machine trains the same amount (120 learner updates took ~14 min here).
+stop = {"tba/weights_version": 120}

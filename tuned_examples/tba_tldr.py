@@ -22,7 +22,7 @@ config = (
     .training(
         policy_model="smollm2-135m-instruct", max_new_tokens=48, sampling_temperature=1.0,
         m=0.5, sync_every=10, beta_schedule=[[0, 1.0], [30, 0.05]],  # the paper's 1.0 -> 0.05, over a CPU budget
-        prompts_per_batch=4, num_samples_per_prompt=8, samples_per_prompt=8, prompts_per_sample=4,
+        prompts_per_batch=4, num_samples_per_prompt=8, generations_per_prompt=8, prompts_per_generation=4,
         min_buffer_size=64, lr=1e-4, grad_clip=1.0, updates_per_iteration=5,
         lora={"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}, learner_precision="bf16-mixed",
     )
@@ -30,4 +30,5 @@ config = (
     .debugging(seed=0)
 )
 
-stop = {"time_total_s": 10 * 60}
+# A training budget, not wall-clock (20 learner updates took ~10 min here).
+stop = {"tba/weights_version": 20}

