@@ -111,6 +111,8 @@ def cmd_train(args) -> int:
     # Tune saves the experiment state (which checkpoints exist) after every result instead of every ~10 s, so a
     # SIGKILL cannot leave checkpoints that --resume does not know about.
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
+    # Tune's classic reporter (the columns below); its newer output ignores progress_reporter and prints every setting
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     import logging
 
     import ray

@@ -53,7 +53,12 @@ def trained(tmp_path_factory, tiny_model):
     out = last_json(proc.stdout)
     assert out["training_iteration"] == 1  # the file's stop held (the old CLI's default {} would run forever)
     assert out["checkpoint"] and Path(out["checkpoint"]).is_dir()
-    assert "Trial status" in proc.stdout + proc.stderr  # Tune's progress table
+    # the console: Tune's progress table with the tuned example's columns, the final values, a learning curve
+    header = next(line for line in proc.stdout.splitlines() if "Trial name" in line and "iter" in line)
+    assert all(name in header for name in ("updates", "samples", "reward", "staleness")), header
+    assert "final: updates 2, samples" in proc.stdout and "config" not in header
+    curve = Path(out["trial_dir"]) / "learning_curve.png"
+    assert curve.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"learning curve: {curve}" in proc.stdout
     return {"root": root, "file": path, **out}
 
 
@@ -122,10 +127,15 @@ def test_cli_resume_after_sigkill_continues_the_same_trial(tmp_path, tiny_model)
 
 
 def test_cli_evaluate_and_export(trained, tmp_path):
-    proc = rllib("evaluate", trained["checkpoint"], "--num-samples", "12", "--json", str(tmp_path / "m.json"))
+    proc = rllib("evaluate", trained["checkpoint"], "--num-samples", "12", "--json", str(tmp_path / "m.json"),
+                 "--compare-base", "--show", "2")
     metrics = last_json(proc.stdout)
     assert metrics["num_samples"] == 12 and -1.0 <= metrics["reward_mean"] <= 1.0 and "eos" in metrics
+    assert metrics["base"]["model"] == "base (untrained)" and metrics["base"]["num_samples"] == 12
     assert json.loads((tmp_path / "m.json").read_text())["num_samples"] == 12
+    table = proc.stdout[proc.stdout.index("metric"):]
+    assert "start" in table.splitlines()[0] and "trained" in table.splitlines()[0] and "\nreward_mean" in table
+    assert proc.stdout.count("[trained] summary=") == 2 and proc.stdout.count("[base (untrained)] summary=") == 2
     # the run's starting model on the same task, with an env_config override (a harsher no-EOS penalty): the
     # untrained tiny model almost never stops, so its mean reward sits near the new penalty
     proc = rllib("evaluate", trained["checkpoint"], "--num-samples", "12", "--base-model",
