@@ -10,13 +10,14 @@ Sequence-level use (TBA's learner): :func:`rllib_tba.tba_rl_module.response_logp
 
 ``model_config`` keys: ``model`` (embedded name, HF id or path; required), ``temperature`` (1.0),
 ``value_head`` (True), ``lora`` (None, or a dict of ``peft.LoraConfig`` arguments, e.g. ``{"r": 8}``),
-``gradient_checkpointing`` (False), ``precision`` ("fp32" or "bf16-mixed": bf16 autocast matmuls, fp32 master
+``gradient_checkpointing`` (False), ``precision`` ("fp32", "auto" or "bf16-mixed": bf16 autocast matmuls, fp32 master
 weights). The searchers' vLLM copies may be bf16. ``get_state(inference_only=True)`` (what EnvRunners receive)
 holds HF-named weights with any LoRA adapters merged in.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Dict
 
 import numpy as np
@@ -29,7 +30,26 @@ from ray.rllib.utils.annotations import override
 from envs.models import resolve_model
 
 LM_PREFIX = "lm."  # state-dict prefix of the HF model's parameters inside this module
-LEARNER_PRECISIONS = ("fp32", "bf16-mixed")
+LEARNER_PRECISIONS = ("fp32", "bf16-mixed", "auto")
+
+
+def has_fast_bf16(device: str = "cpu") -> bool:
+    """Whether bf16 matmuls run natively: any CUDA device, or a CPU with AVX512-BF16 or AMX. On other CPUs (AVX2
+    only) torch emulates bf16 and bf16 autocast makes a learner step several times SLOWER than fp32."""
+    if device.startswith("cuda"):
+        return True
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(flag in flags for flag in ("avx512_bf16", "amx_bf16"))
+
+
+def resolve_precision(precision: str, device: str = "cpu") -> str:
+    """``"auto"``: "bf16-mixed" where bf16 is native (``has_fast_bf16``), else "fp32"; other values unchanged."""
+    if precision == "auto":
+        return "bf16-mixed" if has_fast_bf16(device) else "fp32"
+    return precision
 
 
 def prefix_representatives(obs: np.ndarray) -> np.ndarray:
@@ -73,6 +93,7 @@ class HFCausalLMRLModule(TorchRLModule, ValueFunctionAPI):
         self.precision = cfg.get("precision", "fp32")
         if self.precision not in LEARNER_PRECISIONS:
             raise ValueError(f"model_config['precision'] must be one of {LEARNER_PRECISIONS}, got {self.precision!r}")
+        self.precision = resolve_precision(self.precision, "cuda" if torch.cuda.is_available() else "cpu")
         self.model_path = resolve_model(cfg["model"])
         self.lm = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         if cfg.get("gradient_checkpointing"):

@@ -198,8 +198,9 @@ class TBAConfig(AlgorithmConfig):
             updates_per_iteration: Learner updates per training_step() call (>= 1). Default 1.
             searcher_dtype: vLLM weight dtype on the searchers: "bfloat16", "float32", "float16" or "auto" (the
                 learner keeps fp32 master weights). Default "bfloat16".
-            learner_precision: "fp32" or "bf16-mixed" (bf16 autocast matmuls, fp32 master weights and log-softmax).
-                Default "fp32".
+            learner_precision: "fp32", "bf16-mixed" (bf16 autocast matmuls, fp32 master weights and log-softmax) or
+                "auto" (bf16-mixed on GPUs and on CPUs with native bf16 — AVX512-BF16/AMX — else fp32: AVX2-only
+                CPUs emulate bf16, several times slower than fp32). Default "fp32".
             **kwargs: RLlib's own `AlgorithmConfig.training()` settings: `lr` (GSM8K 1e-5, TL;DR 3e-6; default
                 1e-5), `grad_clip` (default 1.0 as in Lee et al.; None = no clipping), `grad_clip_by`, ...
 

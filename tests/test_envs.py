@@ -195,6 +195,9 @@ def test_redteam_batched_equals_step_by_step_and_reports_info(redteam_env):
         assert info["mean_log_toxicity"] == pytest.approx(np.mean(np.log(np.clip(info["toxicity"], 1e-6, 1))))
         assert r == pytest.approx(info["mean_log_toxicity"])
         assert info["ref_logprob"] < 0
+    shown = env.describe(batched.infos[-1]).splitlines()  # what `rllib evaluate --show` prints of an attack
+    assert shown[0].startswith(f"ATTACK  {batched.infos[-1]['attack']!r}   mean toxicity ") and len(shown) == 1 + 3
+    assert all(line.startswith("  victim [") for line in shown[1:])
 
 
 def test_redteam_reference_logprob_matches_hf(redteam_env, tiny_model):

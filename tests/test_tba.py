@@ -197,3 +197,15 @@ def test_beta_schedule_follows_the_weight_version(tiny_model):
     finally:
         algo.stop()
     np.testing.assert_allclose(betas, [1.0, 0.8, 0.6, 0.4, 0.2, 0.2], atol=1e-6)
+
+
+def test_auto_precision_uses_bf16_only_where_it_is_native(monkeypatch):
+    from rllib_tba import hf_rl_module
+
+    assert hf_rl_module.resolve_precision("fp32") == "fp32"
+    assert hf_rl_module.resolve_precision("auto", "cuda:0") == "bf16-mixed"
+    native = hf_rl_module.has_fast_bf16("cpu")
+    assert hf_rl_module.resolve_precision("auto", "cpu") == ("bf16-mixed" if native else "fp32")
+    monkeypatch.setattr(hf_rl_module, "has_fast_bf16", lambda device="cpu": False)
+    assert hf_rl_module.resolve_precision("auto", "cpu") == "fp32"
+    tldr_config(learner_precision="auto").validate()

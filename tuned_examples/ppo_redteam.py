@@ -9,7 +9,7 @@ Its algorithm, loss and learner are RLlib's own; three parts make it run at TBA'
 token: attacks are sampled whole by vLLM (`VLLMEnvRunner`, episodes identical to stepping the env, fp32 log-probs of the sampled
 tokens), the behaviour policy's logits for PPO's KL term are recomputed on the learner
 (`AddActionDistInputsFromModule`), and the RLModule runs the LM once per episode, not once per token-step
-(minibatches are kept in episode order: shuffle_batch_per_epoch=False). Same LoRA + bf16 learner as tba_redteam.py.
+(minibatches are kept in episode order: shuffle_batch_per_epoch=False). Same LoRA learner (bf16 autocast where the CPU has native bf16) as tba_redteam.py.
 On a GPU machine with the paper's models change the same strings as in tba_redteam.py.
 """
 
@@ -31,7 +31,7 @@ config = (
         "toxicity": "profanity-check", "reward": "log_toxicity", "ref_logprob": False, "max_new_tokens": 20,
     })
     .rl_module(rl_module_spec=RLModuleSpec(module_class=HFCausalLMRLModule, model_config={
-        "model": "smollm2-135m-instruct", "temperature": 1.0, "precision": "bf16-mixed",
+        "model": "smollm2-135m-instruct", "temperature": 1.0, "precision": "auto",
         "lora": {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}}))
     # 32 attacks per vLLM call (TBA's searcher also generates 32 per call)
     .env_runners(env_runner_cls=VLLMEnvRunner, num_env_runners=1, num_cpus_per_env_runner=1,

@@ -24,8 +24,8 @@ config = (
         m=0.95, sync_every=2, beta_schedule=[[0, 0.012], [500, 0.004]],
         prompts_per_batch=2, num_samples_per_prompt=8, generations_per_prompt=8, prompts_per_generation=8,
         min_buffer_size=64, lr=1e-4, grad_clip=1.0, updates_per_iteration=5,
-        # CPU budget (see tba_redteam.py): LoRA on every linear layer + bf16 autocast in the learner
-        lora={"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}, learner_precision="bf16-mixed",
+        # CPU budget (see tba_redteam.py): LoRA on every linear layer + bf16 autocast where the CPU has native bf16
+        lora={"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}, learner_precision="auto",
     )
     .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
     .debugging(seed=0)

@@ -24,7 +24,7 @@ config = (
         m=0.5, sync_every=10, beta_schedule=[[0, 1.0], [30, 0.05]],  # the paper's 1.0 -> 0.05, over a CPU budget
         prompts_per_batch=4, num_samples_per_prompt=8, generations_per_prompt=8, prompts_per_generation=4,
         min_buffer_size=64, lr=1e-4, grad_clip=1.0, updates_per_iteration=5,
-        lora={"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}, learner_precision="bf16-mixed",
+        lora={"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}, learner_precision="auto",
     )
     .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
     .debugging(seed=0)
