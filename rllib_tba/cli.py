@@ -81,8 +81,10 @@ def load_experiment_file(path: str):
 
 
 def cmd_train(args) -> int:
+    import logging
     import os
 
+    import ray
     from ray import tune
 
     from rllib_tba import console
@@ -113,10 +115,6 @@ def cmd_train(args) -> int:
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
     # Tune's classic reporter (the columns below); its newer output ignores progress_reporter and prints every setting
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    import logging
-
-    import ray
-
     init_local_ray(args.num_cpus, log_to_driver=args.verbose, runtime_env={"env_vars": worker_env},
                    logging_level=logging.INFO if args.verbose else logging.ERROR)
     sigterm_as_keyboard_interrupt()  # after ray.init, which installs a SIGTERM handler of its own

@@ -36,11 +36,22 @@ def quiet_libraries() -> dict:
 
 
 def progress_reporter(columns: dict):
-    """Tune's console table with ``columns`` (result key -> header) and no hyper-parameter columns."""
+    """Tune's console table with ``columns`` (result key -> header) and no hyper-parameter columns, printed when a
+    trial reports a new result or changes status (not every 30 s while nothing happens)."""
     from ray.tune import CLIReporter
 
-    return CLIReporter(metric_columns={"training_iteration": "iter", **columns}, parameter_columns=[],
-                       max_report_frequency=30, print_intermediate_tables=True)
+    class OnNewResult(CLIReporter):
+        _last = None
+
+        def should_report(self, trials, done=False):
+            state = tuple((t.trial_id, t.status, (t.last_result or {}).get("training_iteration")) for t in trials)
+            if done or state != self._last:
+                self._last = state
+                return True
+            return False
+
+    return OnNewResult(metric_columns={"training_iteration": "iter", **columns}, parameter_columns=[],
+                       max_report_frequency=5, print_intermediate_tables=True)
 
 
 def learning_curve(trial_dir: str | Path, columns: dict, out: str | Path | None = None) -> Path | None:
