@@ -162,8 +162,10 @@ def cmd_evaluate(args) -> int:
     from rllib_tba.policy_export import export_hf_model, load_checkpoint_config, with_env_overrides
     from rllib_tba.vllm_env_runner import make_task_env
 
-    from rllib_tba.console import comparison_table
+    from rllib_tba.console import comparison_table, quiet_libraries
 
+    if not args.verbose:
+        quiet_libraries()
     config = with_env_overrides(load_checkpoint_config(args.checkpoint), args.env_config or {})
     env = make_task_env(config)
     temperature = args.temperature if args.temperature is not None else getattr(config, "sampling_temperature", 1.0)
@@ -243,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--compare-base", action="store_true",
                     help="also evaluate the run's starting model and print both side by side")
     ev.add_argument("--show", type=_int_at_least(0), default=0, help="print this many samples of each model")
+    ev.add_argument("--verbose", action="store_true", help="show library logs (vLLM, transformers) in the console")
     ev.set_defaults(func=cmd_evaluate)
 
     sv = sub.add_parser("serve", help="serve a checkpoint's policy over HTTP with Ray Serve + vLLM")

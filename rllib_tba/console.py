@@ -21,7 +21,7 @@ DEFAULT_COLUMNS = {
 }
 X_AXIS = "tba/weights_version"  # learner updates: the same on every machine, unlike wall-clock
 QUIET_ENV = {"VLLM_LOGGING_LEVEL": "ERROR", "TRANSFORMERS_VERBOSITY": "error", "PYTHONWARNINGS": "ignore",
-             "TOKENIZERS_PARALLELISM": "false"}
+             "TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
 def quiet_libraries() -> dict:
@@ -32,6 +32,13 @@ def quiet_libraries() -> dict:
     warnings.filterwarnings("ignore")
     for name in ("ray", "ray.tune", "ray.rllib", "vllm", "transformers"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()  # "Loading weights" / "Writing model shards" bars
+    except ImportError:
+        pass
     return dict(QUIET_ENV)
 
 
