@@ -13,25 +13,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import ray
 
-from rllib_tba import TBAConfig
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tuned_examples"))
+from tba_tiny import tiny_config  # noqa: E402  (the tiny configuration the tests use, here with CLI overrides)
 
 
 def run(mode: str, args) -> dict:
-    config = (
-        TBAConfig()
-        .environment(args.env, env_config=json.loads(args.env_config))
-        .training(policy_model=args.model, max_new_tokens=args.max_new_tokens, lr=args.lr, beta=args.beta,
-                  prompts_per_batch=4, num_samples_per_prompt=4, generations_per_prompt=4, prompts_per_generation=4,
-                  min_buffer_size=16, sync_every=args.sync_every, searcher_dtype=args.searcher_dtype,
-                  async_mode=mode == "async", updates_per_iteration=args.updates_per_iteration,
-                  training_intensity=args.training_intensity if mode == "async" else None)
-        .env_runners(num_env_runners=1 if mode == "async" else 0)
-        .debugging(seed=args.seed)
-    )
+    config = tiny_config(
+        env=args.env, env_config=json.loads(args.env_config), num_env_runners=1 if mode == "async" else 0,
+        seed=args.seed, policy_model=args.model, max_new_tokens=args.max_new_tokens, lr=args.lr, beta=args.beta,
+        prompts_per_batch=4, prompts_per_generation=4, min_buffer_size=16, sync_every=args.sync_every,
+        searcher_dtype=args.searcher_dtype, async_mode=mode == "async", updates_per_iteration=args.updates_per_iteration,
+        training_intensity=args.training_intensity if mode == "async" else None)
     algo = config.build_algo()
     rows = []
     try:
