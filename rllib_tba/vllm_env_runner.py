@@ -91,10 +91,11 @@ def sampler_settings(config) -> dict:
     """How a VLLMEnvRunner samples under ``config``: TBAConfig names the knobs; any other AlgorithmConfig gets
     ``num_envs_per_env_runner`` single-sample prompts per call at the RLModule's temperature, fp32 weights."""
     if hasattr(config, "generations_per_prompt"):  # TBAConfig
-        return {"prompts_per_call": config.prompts_per_generation, "generations_per_prompt": config.generations_per_prompt,
+        return {"prompts_per_generation": config.prompts_per_generation,
+                "generations_per_prompt": config.generations_per_prompt,
                 "temperature": config.sampling_temperature, "dtype": config.searcher_dtype}
     model_config = getattr(config.rl_module_spec, "model_config", None) or config.model_config
-    return {"prompts_per_call": max(1, int(config.num_envs_per_env_runner)), "generations_per_prompt": 1,
+    return {"prompts_per_generation": max(1, int(config.num_envs_per_env_runner)), "generations_per_prompt": 1,
             "temperature": float(model_config.get("temperature", 1.0)), "dtype": "float32"}
 
 
@@ -168,7 +169,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         s, env = self.settings, self.env
         t0 = time.time()
         per_prompt = 1 if greedy else s["generations_per_prompt"]
-        num_prompts = s["prompts_per_call"] if num_episodes is None else -(-num_episodes // per_prompt)
+        num_prompts = s["prompts_per_generation"] if num_episodes is None else -(-num_episodes // per_prompt)
         indices = self.rng.integers(len(env.prompts), size=num_prompts)
         prompts = [env.prompts[int(i)] for i in indices]
         params = sampling_params(n=per_prompt, temperature=0.0 if greedy else s["temperature"],
