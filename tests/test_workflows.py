@@ -106,21 +106,24 @@ def test_cli_resume_after_sigkill_continues_the_same_trial(tmp_path, tiny_model)
     before = {c.name: c.stat().st_mtime_ns for c in trial.glob("checkpoint_*")}
     lines_before = (trial / "result.json").read_text().splitlines()
     assert len(lines_before) >= 3
-    last = max(before)
     from rllib_tba.checkpoint_files import read_checkpoint_state
-
-    saved_version = read_checkpoint_state(trial / last)["tba"]["weights_version"]
 
     out = last_json(rllib(*args, "--resume").stdout)
     assert out["trial_dir"] == str(trial) and out["training_iteration"] == 9  # same trial, the file's stop held
     rows = [json.loads(line) for line in (trial / "result.json").read_text().splitlines()]
     assert [json.dumps(r) for r in rows[:len(lines_before)]] == [json.dumps(json.loads(x)) for x in lines_before]
     resumed = rows[len(lines_before):]
-    first_iteration = int(last.split("_")[1]) + 2  # checkpoint_00000N holds iteration N + 1
-    assert [r["training_iteration"] for r in resumed] == list(range(first_iteration, 10))
+    # Tune resumes from the newest checkpoint its experiment state had recorded. The kill can land in the instant
+    # between writing an iteration's checkpoint and recording it (or its result), so that is the last or the
+    # second-to-last iteration logged before the kill — never the start.
+    first = resumed[0]["training_iteration"]
+    assert first in (len(lines_before), len(lines_before) + 1), [r["training_iteration"] for r in rows]
+    assert [r["training_iteration"] for r in resumed] == list(range(first, 10))
+    base = f"checkpoint_{first - 2:06d}"  # checkpoint_00000N holds iteration N + 1
+    saved_version = read_checkpoint_state(trial / base)["tba"]["weights_version"]
     assert resumed[0]["tba"]["weights_version"] == saved_version + 2  # 2 updates per iteration on the saved weights
     after = {c.name: c.stat().st_mtime_ns for c in trial.glob("checkpoint_*")}
-    assert all(after[name] == mtime for name, mtime in before.items() if name <= last), "a checkpoint was overwritten"
+    assert all(after[name] == mtime for name, mtime in before.items() if name <= base), "a checkpoint was overwritten"
     assert len(after) == 9
     scalars = scalar_tags(trial)  # TensorBoard keeps the iterations from before the kill too
     assert len(scalars["ray/tune/tba/weights_version"]) >= 9
