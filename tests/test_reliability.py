@@ -74,7 +74,7 @@ def test_killed_searcher_is_replaced_and_training_finishes(ray_session, tiny_mod
         train_until(algo, lambda: algo.counters["searcher_restarts"] >= 1)
 
         def newest_version():
-            return max(s.weights_version for g in algo.buffer._groups.values() for s in g.samples)
+            return max(s.weights_version for s in algo.buffer.samples())
 
         train_until(algo, lambda: newest_version() > 0)  # the replacement (it starts a vLLM engine first) delivers
         result = algo.train()

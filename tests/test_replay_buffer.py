@@ -117,3 +117,64 @@ def test_bad_arguments():
         TBAReplayBuffer(eviction="random")
     with pytest.raises(ValueError, match="empty"):
         TBAReplayBuffer().sample(1, 1, 0.5)
+
+
+def test_softmax_draws_stay_exact_after_evictions_leave_holes():
+    """Lowest-reward eviction frees slots in the middle of a group; draws over what is left still follow the softmax
+    (5 sigma), and an evicted sample is never drawn."""
+    buf = TBAReplayBuffer(capacity=5, per_prompt_capacity=100, eviction="lowest_reward", seed=2)
+    buf.add([sample(0, [i], reward=r) for i, r in enumerate([3.0, -1.0, 0.0, 2.0, -2.0, 1.0, 4.0])])
+    kept = {int(s.completion[0]): s.reward for s in buf.samples()}
+    assert kept == {0: 3.0, 2: 0.0, 3: 2.0, 5: 1.0, 6: 4.0}
+    n = 20000
+    drawn, _, _ = buf.sample(n // 4, 4, m=0.0, reward_inv_temp=0.8)
+    counts = {i: 0 for i in kept}
+    for s in drawn:
+        counts[int(s.completion[0])] += 1
+    z = sum(np.exp(0.8 * r) for r in kept.values())
+    for i, r in kept.items():
+        assert within(counts[i], n, np.exp(0.8 * r) / z)
+    buf.add([sample(0, [7], reward=10.0)])  # reuses a freed slot, updates the weights in place
+    drawn, _, _ = buf.sample(200, 4, m=0.0, reward_inv_temp=0.8)
+    assert np.mean([int(s.completion[0]) == 7 for s in drawn]) > 0.9  # e^(0.8*6) ~ 121x the next one
+
+
+def test_one_large_prompt_group_draws_match_softmax():
+    """The red-team layout: every sample in ONE prompt group (sum tree over 3000 slots, rebuilt as it grows)."""
+    buf = TBAReplayBuffer(capacity=10_000, per_prompt_capacity=10_000, seed=4)
+    rewards = np.repeat([0.0, 1.0, 2.0], 1000)
+    for chunk in np.array_split(np.arange(3000), 7):  # draws between adds: the tree is built, then grown
+        buf.add([sample(0, [int(i)], reward=float(rewards[i])) for i in chunk])
+        buf.sample(1, 2, m=0.0, reward_inv_temp=1.0)
+    n = 30000
+    drawn, _, _ = buf.sample(n // 10, 10, m=0.0, reward_inv_temp=1.0)
+    levels = np.bincount([int(rewards[int(s.completion[0])]) for s in drawn], minlength=3)
+    p = np.exp([0.0, 1.0, 2.0]) / np.exp([0.0, 1.0, 2.0]).sum()
+    for c, pi in zip(levels, p):
+        assert within(c, n, pi)
+
+
+def test_drop_older_than_evicts_stale_samples_and_counts_them():
+    buf = TBAReplayBuffer(seed=0)
+    buf.add([sample(k, [k, v], weights_version=v) for k in range(3) for v in range(5)])
+    assert buf.drop_older_than(3) == 9 and len(buf) == 6 and buf.stats["stale_evicted"] == 9
+    assert buf.stats["evicted"] == 0
+    drawn, _, _ = buf.sample(500, 2, m=0.5, reward_inv_temp=1.0)
+    assert min(s.weights_version for s in drawn) == 3
+    assert buf.drop_older_than(3) == 0
+    assert buf.drop_older_than(10) == 6 and len(buf) == 0 and buf.num_prompts == 0
+
+
+def test_state_round_trip_with_holes_reproduces_draws():
+    buf = TBAReplayBuffer(capacity=12, eviction="lowest_reward", seed=5)
+    rng = np.random.default_rng(0)
+    buf.add([sample(j % 2, [j], reward=float(rng.normal())) for j in range(30)])
+    other = TBAReplayBuffer(capacity=12, eviction="lowest_reward", seed=9)
+    other.set_state(buf.get_state())
+    for it in range(3):  # the two stay identical through new adds (reusing freed slots) and draws
+        new = [float(rng.normal()) for _ in range(3)]
+        for b in (buf, other):
+            b.add([sample(j % 2, [100 + 10 * it + j], reward=r) for j, r in enumerate(new)])
+        a = buf.sample(10, 4, m=0.3, reward_inv_temp=1.3)
+        b = other.sample(10, 4, m=0.3, reward_inv_temp=1.3)
+        assert [int(s.completion[0]) for s in a[0]] == [int(s.completion[0]) for s in b[0]]
