@@ -39,7 +39,7 @@ from rllib_tba.hf_rl_module import LEARNER_PRECISIONS
 from rllib_tba.tba_learner import TBATorchLearner, build_train_batch
 from rllib_tba.tba_replay_buffer import EVICTION_POLICIES, TBAReplayBuffer, TBSample
 from rllib_tba.tba_rl_module import TBARLModule
-from rllib_tba.vllm_env_runner import ACTION_LOGP, WEIGHTS_VERSION, SearchError, VLLMEnvRunner, make_task_env
+from rllib_tba.vllm_env_runner import WEIGHTS_VERSION, GenerationBatch, SearchError, VLLMEnvRunner, make_task_env
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +101,7 @@ class TBAConfig(AlgorithmConfig):
         # Max (samples trained on) / (samples generated). None: the learner never waits (the paper's setting, right
         # when training is the bottleneck); a number caps replay when searchers are slower than the learner.
         self.training_intensity = None
+        self.max_staleness = None  # None: unbounded; else samples > this many learner versions old are never drawn
         self.updates_per_iteration = 1  # learner updates per training_step() call
         self.searcher_dtype = "bfloat16"  # vLLM weights on the searchers (learner keeps fp32 master weights)
         self.learner_precision = "fp32"  # or "bf16-mixed": bf16 autocast matmuls (~1.6x faster on AVX512-bf16 CPUs)
@@ -142,6 +143,7 @@ class TBAConfig(AlgorithmConfig):
         async_mode=NotProvided,
         sample_wait_timeout_s=NotProvided,
         training_intensity=NotProvided,
+        max_staleness=NotProvided,
         updates_per_iteration=NotProvided,
         searcher_dtype=NotProvided,
         learner_precision=NotProvided,
@@ -195,6 +197,12 @@ class TBAConfig(AlgorithmConfig):
                 train() raises SampleWaitTimeout / SearcherFailure with a diagnosis. > 0. Default 600.
             training_intensity: None (the learner never waits for generation, the paper's setting) or the maximum
                 (samples trained on) / (samples generated); the learner then waits for new samples. Default None.
+            max_staleness: None (unbounded, the paper's setting) or the largest staleness, in learner versions, a
+                sample may have when it is trained on (staleness = learner version − the version that generated it):
+                older samples are evicted from the buffer, and arrivals already older are dropped (both counted,
+                tba/buffer_stale_evicted and tba/samples_dropped_stale); the learner waits for newer samples when
+                none is left. >= sync_every − 1 (a sample generated right after a sync is needed until the next
+                one). Like TRL's max_staleness or AReaL's max_head_offpolicyness. Default None.
             updates_per_iteration: Learner updates per training_step() call (>= 1). Default 1.
             searcher_dtype: vLLM weight dtype on the searchers: "bfloat16", "float32", "float16" or "auto" (the
                 learner keeps fp32 master weights). Default "bfloat16".
@@ -254,6 +262,8 @@ class TBAConfig(AlgorithmConfig):
             self.sample_wait_timeout_s = sample_wait_timeout_s
         if training_intensity is not NotProvided:
             self.training_intensity = training_intensity
+        if max_staleness is not NotProvided:
+            self.max_staleness = max_staleness
         if updates_per_iteration is not NotProvided:
             self.updates_per_iteration = updates_per_iteration
         if searcher_dtype is not NotProvided:
@@ -299,6 +309,12 @@ class TBAConfig(AlgorithmConfig):
                 err(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.training_intensity is not None:
             number("training_intensity", 0, low_open=True)
+        if self.max_staleness is not None:
+            number("max_staleness", 0, integer=True)
+            if self.max_staleness < self.sync_every - 1:
+                err(f"max_staleness ({self.max_staleness}) must be >= sync_every - 1 ({self.sync_every - 1}) or None: "
+                    f"samples from the weights of one sync are needed until the next sync, {self.sync_every} learner "
+                    f"updates later, or the learner would wait forever")
         if self.generations_per_prompt < self.num_samples_per_prompt:
             err(f"generations_per_prompt (S={self.generations_per_prompt}) must be >= num_samples_per_prompt "
                 f"(K={self.num_samples_per_prompt}): a searcher generates S samples per prompt, a batch uses K of them")
@@ -372,9 +388,14 @@ class TBA(Algorithm):
         c = config
         self.buffer = TBAReplayBuffer(c.buffer_capacity, c.per_prompt_capacity, c.eviction, c.dedup, seed=c.seed)
         self.weights_version = 0  # learner updates done so far = version of the learner's weights
-        self.counters = {"samples_received": 0, "samples_dropped_invalid": 0, "tokens_generated": 0,
-                         "weight_syncs": 0, "updates_with_generation_in_flight": 0, "searcher_restarts": 0}
-        self.timeline = {"updates": deque(maxlen=1000), "samples": deque(maxlen=1000)}  # (start, end) wall times
+        self.counters = {"samples_received": 0, "samples_dropped_invalid": 0, "samples_dropped_stale": 0,
+                         "tokens_generated": 0, "weight_syncs": 0, "updates_with_generation_in_flight": 0,
+                         "searcher_restarts": 0}
+        # wall times: learner updates (start, end) and generation calls (start, end, searcher index)
+        self.timeline = {"updates": deque(maxlen=1000), "samples": deque(maxlen=1000)}
+        self._step_start: float | None = None  # when the previous training_step began (learner idle fraction)
+        self._iter_staleness: list[int] = []  # staleness of every sample trained on in this iteration
+        self._push_seconds: deque = deque(maxlen=20)  # how long each weight push held the learner up
         self._push_pending = False
         self._sampling: set[int] = set()  # searchers with a generation request in flight
         self._searcher_stats = deque(maxlen=5)  # the latest searcher reports, averaged into each iteration's metrics
@@ -435,15 +456,20 @@ class TBA(Algorithm):
         if isinstance(result, SearchError):  # raised inside the searcher: a bug to show, not a crash loop to hide
             raise SearcherFailure(f"searcher {result.worker_index} failed while sampling: {result.message}\n"
                                   f"searcher traceback:\n{result.traceback}")
-        episodes, stats, rllib_metrics = result
+        batch, stats, rllib_metrics = result
         self._calls_received += 1
         self.metrics.aggregate([rllib_metrics], key=ENV_RUNNER_RESULTS)  # RLlib's env_runners/* results
-        samples = [self.episode_to_sample(ep) for ep in episodes]
-        self.buffer.add(samples)
+        samples = self.batch_to_samples(batch)
         self.counters["samples_received"] += len(samples)
+        if self.config.max_staleness is not None:  # arrived already too old to be trained on: count, don't store
+            oldest = self.weights_version - self.config.max_staleness
+            fresh_enough = [x for x in samples if x.weights_version >= oldest]
+            self.counters["samples_dropped_stale"] += len(samples) - len(fresh_enough)
+            samples = fresh_enough
+        self.buffer.add(samples)
         self.counters["samples_dropped_invalid"] += stats.get("num_dropped_invalid_reward", 0)
         self.counters["tokens_generated"] += stats.get("num_tokens", 0)
-        self.timeline["samples"].append((stats["sample_start"], stats["sample_end"]))
+        self.timeline["samples"].append((stats["sample_start"], stats["sample_end"], stats.get("worker_index", 0)))
         self._searcher_stats.append(stats)
 
     def _log_searcher_stats(self) -> None:
@@ -459,17 +485,13 @@ class TBA(Algorithm):
         self.metrics.log_dict(values, window=1)
 
     @staticmethod
-    def episode_to_sample(episode) -> TBSample:
-        obs0 = np.asarray(episode.get_observations(0))
-        prompt_ids = tuple(int(x) for x in obs0[obs0 >= 0])
-        return TBSample(
-            prompt_key=int(episode.get_infos(0)["prompt_index"]),
-            prompt_ids=prompt_ids,
-            completion=np.asarray(episode.get_actions(), np.int32),
-            reward=float(episode.get_return()),
-            weights_version=int(episode.get_extra_model_outputs(WEIGHTS_VERSION, 0)),
-            sampler_logp=float(np.sum(episode.get_extra_model_outputs(ACTION_LOGP))),
-        )
+    def batch_to_samples(batch: GenerationBatch) -> list[TBSample]:
+        prompts = {k: tuple(int(x) for x in ids) for k, ids in batch.prompt_ids.items()}
+        logp = np.concatenate([[0.0], np.cumsum(batch.logp, dtype=np.float64)])[batch.offsets]  # per-response sums
+        return [TBSample(prompt_key=int(k), prompt_ids=prompts[int(k)], completion=batch.response(i),
+                         reward=float(batch.reward[i]), weights_version=batch.weights_version,
+                         sampler_logp=float(logp[i + 1] - logp[i]))
+                for i, k in enumerate(batch.prompt_index)]
 
     def _sample_sync(self) -> int:
         if self._remote():
@@ -521,6 +543,8 @@ class TBA(Algorithm):
         while not ready():
             if c.async_mode:
                 self.restore_env_runners(self.env_runner_group, probe_timeout_s=1.0)
+                if self._push_pending:  # a sync that could not be sent yet (max_staleness waits on it)
+                    self._push_weights(block=False)
                 self._request_samples()
                 self._fetch_samples(timeout_s=0.5)
             else:
@@ -578,6 +602,7 @@ class TBA(Algorithm):
     def training_step(self) -> None:
         c = self.config
         waited = 0.0
+        window_start = self._step_start or time.time()
         if c.async_mode:
             self._fetch_samples()
             self._request_samples()
@@ -594,6 +619,9 @@ class TBA(Algorithm):
                 waited += self._wait_until(
                     lambda: self.samples_trained + batch_size <= c.training_intensity * self.counters["samples_received"],
                     f"samples for training_intensity={c.training_intensity:g}")
+            if c.max_staleness is not None:
+                waited += self._wait_until(self._enough_fresh_samples,
+                                           f"samples at most max_staleness={c.max_staleness} versions old")
             self._update_once()
             if c.async_mode:
                 self._fetch_samples()
@@ -601,6 +629,7 @@ class TBA(Algorithm):
         elapsed = time.time() - t_learn
         self.metrics.log_value(("tba", "learner_wait_s"), waited, window=1)
         self._log_searcher_stats()
+        self._log_idle_and_staleness(window_start)
         self.metrics.log_value(("tba", "learner_steps_per_s"), c.updates_per_iteration / max(elapsed, 1e-9), window=1)
         self.metrics.log_dict({("tba", k): v for k, v in self.counters.items()}, window=1)
         healthy = self.env_runner_group.num_healthy_remote_workers() if self._remote() else 1
@@ -608,11 +637,17 @@ class TBA(Algorithm):
                                ("tba", "weights_version"): self.weights_version, ("tba", "searchers_healthy"): healthy,
                                **{("tba", f"buffer_{k}"): v for k, v in self.buffer.stats.items()}}, window=1)
 
+    def _enough_fresh_samples(self) -> bool:
+        """max_staleness: evict what has grown too old; enough left for a batch (or min_buffer_size)?"""
+        c = self.config
+        self.buffer.drop_older_than(self.weights_version - c.max_staleness)
+        return len(self.buffer) >= min(c.min_buffer_size, c.prompts_per_batch * c.num_samples_per_prompt)
+
     def _update_once(self) -> None:
         c = self.config
         samples, groups, on_policy = self.buffer.sample(c.prompts_per_batch, c.num_samples_per_prompt, c.m,
                                                          c.reward_inv_temp)
-        staleness = np.asarray([self.weights_version - s.weights_version for s in samples])
+        self._iter_staleness += [self.weights_version - s.weights_version for s in samples]
         batch = build_train_batch(samples, groups)
         in_flight = bool(self._sampling)
         t0 = time.time()
@@ -625,12 +660,34 @@ class TBA(Algorithm):
         self.samples_trained += len(samples)
         self.counters["updates_with_generation_in_flight"] += int(in_flight)
         self.metrics.aggregate([results] if isinstance(results, dict) else results, key=LEARNER_RESULTS)
-        self.metrics.log_dict({("tba", "staleness_mean"): float(staleness.mean()),
-                               ("tba", "staleness_max"): int(staleness.max()),
-                               ("tba", "on_policy_fraction"): float(on_policy.mean()),
+        self.metrics.log_dict({("tba", "on_policy_fraction"): float(on_policy.mean()),
                                ("tba", "batch_reward_mean"): float(batch["reward"].mean())}, window=1)
         if self.weights_version % c.sync_every == 0 or self._push_pending:
+            t_push = time.time()
             self._push_weights(block=not c.async_mode)
+            self._push_seconds.append(time.time() - t_push)
+
+    def _log_idle_and_staleness(self, window_start: float) -> None:
+        """Per iteration: the learner's idle fraction (wall time since the previous iteration ended not spent in a
+        learner update), the searchers' idle fraction (gaps between a searcher's consecutive generation calls over
+        its last calls), staleness mean/max/histogram of the samples trained on, and how long a weight push held
+        the learner up."""
+        now = time.time()
+        self._step_start = now
+        busy = sum(max(0.0, min(end, now) - max(start, window_start)) for start, end in self.timeline["updates"])
+        values = {("tba", "learner_idle_fraction"): 1.0 - busy / max(now - window_start, 1e-9)}
+        idle = searcher_idle_fractions(self.timeline["samples"])
+        if idle:
+            values[("tba", "searcher_idle_fraction")] = float(np.mean(list(idle.values())))
+        if self._iter_staleness:
+            values[("tba", "staleness_mean")] = float(np.mean(self._iter_staleness))
+            values[("tba", "staleness_max")] = int(np.max(self._iter_staleness))
+            for x in self._iter_staleness:  # a list in the results: a histogram in TensorBoard
+                self.metrics.log_value(("tba", "staleness_hist"), int(x), reduce="item_series")
+            self._iter_staleness = []
+        if self._push_seconds:
+            values[("tba", "sync_stall_s")] = float(np.mean(self._push_seconds))
+        self.metrics.log_dict(values, window=1)
 
     # ---- checkpoints: RLlib does not save replay buffers or our counters by itself ----------------------------
     @override(Algorithm)
@@ -670,6 +727,22 @@ class TBA(Algorithm):
             # searchers resume from the restored weights and version; the buffer keeps its most-on-policy flags
             self._push_weights(block=True, mark_sync=False)
             self.counters.update(tba["counters"])
+
+
+def searcher_idle_fractions(calls, last: int = 10) -> dict[int, float]:
+    """Per searcher: the share of wall time between its first and last of its ``last`` generation calls (``(start,
+    end, searcher)`` tuples) that it spent outside a call (waiting for a request, loading weights)."""
+    by_searcher: dict[int, list] = {}
+    for start, end, who in calls:
+        by_searcher.setdefault(who, []).append((start, end))
+    fractions = {}
+    for who, spans in by_searcher.items():
+        spans = sorted(spans)[-last:]
+        if len(spans) >= 2:
+            total = spans[-1][1] - spans[0][0]
+            gaps = sum(max(0.0, b[0] - a[1]) for a, b in zip(spans, spans[1:]))
+            fractions[who] = gaps / max(total, 1e-9)
+    return fractions
 
 
 def task_identity(config: TBAConfig, env) -> dict:

@@ -1,10 +1,14 @@
 """TBA's searcher as an RLlib EnvRunner: generates with an in-process vLLM engine, scores through the env.
 
 One generation call draws ``prompts_per_generation`` prompts from the task, generates ``generations_per_prompt`` (S)
-responses for each in ONE batched vLLM call, scores them all with one ``env.score()`` call, and returns
-``SingleAgentEpisode`` objects identical to stepping the token env (same observations, actions, rewards, infos),
-with per-token sampler log-probs (``action_logp``) and the generating weight version (``weights_version``) in
-``extra_model_outputs``. Samples whose reward is NaN/inf (env ``on_invalid_reward="drop"``) are dropped and counted.
+responses for each in ONE batched vLLM call and scores them all with one ``env.score()`` call. The result is a
+``GenerationBatch``: what a generated token costs and nothing more (token ids, per-token sampler log-probs, one
+reward, weight version and prompt row per response, each distinct prompt's ids once) — O(T) per episode, about 8
+bytes per generated token on the wire. TBA's loop takes these (``sample_with_metrics``). ``sample()``, RLlib's API
+that PPO and the other algorithms call, turns them into ``SingleAgentEpisode`` objects identical to stepping the
+token env (same observations, actions, rewards, infos), with the per-token log-probs (``action_logp``) and the weight
+version (``weights_version``) in ``extra_model_outputs``: the (T+1) × width observations are built only there.
+Samples whose reward is NaN/inf (env ``on_invalid_reward="drop"``) are dropped and counted.
 
 Any RLlib algorithm can use it (``config.env_runners(env_runner_cls=VLLMEnvRunner)``, e.g. PPO): with a TBAConfig
 the knobs above come from ``training()``; with any other config one call generates ``num_envs_per_env_runner``
@@ -19,6 +23,7 @@ by ``reset_prefix_cache`` (cached KV of the old weights must not be reused); the
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import traceback
@@ -64,6 +69,49 @@ class SearchError:
     worker_index: int
     message: str
     traceback: str
+
+
+@dataclass
+class GenerationBatch:
+    """The responses of one generation call, O(T) per response: token ids and per-token log-probs concatenated
+    (response i is ``tokens[offsets[i]:offsets[i+1]]``), one reward and prompt row each, each distinct prompt's ids
+    once, and the weight version that generated them all. ``infos`` (the task's final-step info per response) stay
+    on the searcher unless asked for."""
+
+    prompt_index: np.ndarray  # int32 [n]
+    prompt_ids: dict  # prompt row -> int32 token ids
+    tokens: np.ndarray  # int32 [sum of response lengths]
+    offsets: np.ndarray  # int64 [n + 1]
+    logp: np.ndarray  # float32 [sum of response lengths]
+    reward: np.ndarray  # float64 [n]
+    weights_version: int
+    infos: list | None = None
+
+    def __len__(self) -> int:
+        return len(self.prompt_index)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.offsets[-1])
+
+    def response(self, i: int) -> np.ndarray:
+        return self.tokens[self.offsets[i]:self.offsets[i + 1]]
+
+    def response_logp(self, i: int) -> np.ndarray:
+        return self.logp[self.offsets[i]:self.offsets[i + 1]]
+
+    @classmethod
+    def from_responses(cls, prompts, completions, logps, rewards, infos, weights_version) -> "GenerationBatch":
+        lengths = [len(c) for c in completions]
+        return cls(prompt_index=np.asarray([p.index for p in prompts], np.int32),
+                   prompt_ids={p.index: np.asarray(p.token_ids, np.int32) for p in prompts},
+                   tokens=np.asarray([t for c in completions for t in c], np.int32),
+                   offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+                   logp=np.concatenate(logps).astype(np.float32) if logps else np.zeros(0, np.float32),
+                   reward=np.asarray(rewards, np.float64), weights_version=int(weights_version), infos=list(infos))
+
+    def without_infos(self) -> "GenerationBatch":
+        return dataclasses.replace(self, infos=None)
 
 
 def make_task_env(config) -> TokenEnv:
@@ -157,15 +205,17 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         episodes, steps = [], 0
         while True:
             want = None if num_episodes is None else num_episodes - len(episodes)
-            new = self._generate(want, greedy)
-            if not new:  # every sample of the call was dropped (counted and logged in _generate)
+            batch = self.generate(want, greedy)
+            if not len(batch):  # every sample of the call was dropped (counted and logged in generate)
                 return episodes
-            episodes += new
-            steps += sum(len(e) for e in new)
+            episodes += self.to_episodes(batch)
+            steps += batch.num_tokens
             if (num_episodes is None or len(episodes) >= num_episodes) and (num_timesteps is None or steps >= num_timesteps):
                 return episodes
 
-    def _generate(self, num_episodes: int | None, greedy: bool) -> list[SingleAgentEpisode]:
+    def generate(self, num_episodes: int | None = None, greedy: bool = False) -> GenerationBatch:
+        """One generation call (``num_episodes`` responses, or the configured prompts × S), scored, as a
+        ``GenerationBatch`` of the responses with a valid reward."""
         s, env = self.settings, self.env
         t0 = time.time()
         per_prompt = 1 if greedy else s["generations_per_prompt"]
@@ -187,10 +237,11 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         if num_episodes is not None:
             flat_prompts, completions, logps = flat_prompts[:num_episodes], completions[:num_episodes], logps[:num_episodes]
         scored = env.score(flat_prompts, completions)
-        episodes = [self._episode(p, ids, lp, r, info, weights_version)
-                    for p, ids, lp, r, info, ok in zip(flat_prompts, completions, logps, scored.rewards, scored.infos, scored.valid)
-                    if ok]
-        dropped = int((~scored.valid).sum())
+        ok = [i for i, v in enumerate(scored.valid) if v]
+        batch = GenerationBatch.from_responses([flat_prompts[i] for i in ok], [completions[i] for i in ok],
+                                               [logps[i] for i in ok], scored.rewards[ok],
+                                               [scored.infos[i] for i in ok], weights_version)
+        dropped = len(completions) - len(ok)
         self.num_dropped_invalid += dropped
         if dropped:
             logger.warning("searcher %d: dropped %d sample(s) with invalid reward (%d so far)", self.worker_index,
@@ -198,9 +249,10 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         num_tokens = sum(len(x) for x in completions)
         self.num_env_steps_sampled_lifetime += num_tokens
         t_end = time.time()
-        task = env.task_metrics([info for info, ok in zip(scored.infos, scored.valid) if ok])
+        task = env.task_metrics(batch.infos)
         self._stats = {
-            "num_samples": len(episodes),
+            "worker_index": self.worker_index,
+            "num_samples": len(batch),
             "num_dropped_invalid_reward": dropped,
             "num_tokens": num_tokens,
             "generate_s": t_gen - t0,
@@ -212,43 +264,47 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
             "reward_mean": float(np.nanmean(scored.rewards)) if len(scored.rewards) else float("nan"),
             "task": task,
         }
-        self._log_rllib_metrics(episodes, task)
-        return episodes
+        self._log_rllib_metrics(batch, task)
+        return batch
 
-    def _log_rllib_metrics(self, episodes, task: dict) -> None:
+    def _log_rllib_metrics(self, batch: GenerationBatch, task: dict) -> None:
         """RLlib's standard EnvRunner metrics (what Algorithm results show under ``env_runners``)."""
-        m, steps = self.metrics, sum(len(e) for e in episodes)
+        m, steps = self.metrics, batch.num_tokens
         m.log_value(NUM_ENV_STEPS_SAMPLED, steps, reduce="sum")
-        m.log_value(NUM_EPISODES, len(episodes), reduce="sum")
+        m.log_value(NUM_EPISODES, len(batch), reduce="sum")
         m.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, steps, reduce="lifetime_sum", with_throughput=True)
-        m.log_value(NUM_EPISODES_LIFETIME, len(episodes), reduce="lifetime_sum")
+        m.log_value(NUM_EPISODES_LIFETIME, len(batch), reduce="lifetime_sum")
         window = max(1, self.config.metrics_num_episodes_for_smoothing // max(1, self.config.num_env_runners))
-        for e in episodes:
-            m.log_value(EPISODE_RETURN_MEAN, e.get_return(), window=window)
-            m.log_value(EPISODE_LEN_MEAN, len(e), window=window)
-            m.log_value(EPISODE_RETURN_MIN, e.get_return(), reduce="min", window=window)
-            m.log_value(EPISODE_RETURN_MAX, e.get_return(), reduce="max", window=window)
+        for ret, length in zip(batch.reward, np.diff(batch.offsets)):
+            m.log_value(EPISODE_RETURN_MEAN, float(ret), window=window)
+            m.log_value(EPISODE_LEN_MEAN, int(length), window=window)
+            m.log_value(EPISODE_RETURN_MIN, float(ret), reduce="min", window=window)
+            m.log_value(EPISODE_RETURN_MAX, float(ret), reduce="max", window=window)
         for key, value in task.items():
             m.log_value(("task", key), value, window=1)
 
-    def _episode(self, prompt, ids, logp, reward, info, weights_version) -> SingleAgentEpisode:
-        """The episode stepping the token env with these actions would produce."""
-        seq = np.asarray(list(prompt.token_ids) + ids, np.int64)
-        n_prompt, n = len(prompt.token_ids), len(ids)
+    def to_episodes(self, batch: GenerationBatch) -> list[SingleAgentEpisode]:
+        """The episodes stepping the token env with these actions would produce (observations materialised here)."""
         width = self.env.observation_space.shape[0]
         cols = np.arange(width)
-        padded = np.full(width, PAD, np.int64)
-        padded[: len(seq)] = seq
-        obs = np.where(cols[None, :] < (n_prompt + np.arange(n + 1))[:, None], padded[None, :], PAD)
-        rewards = np.zeros(n, np.float32)
-        rewards[-1] = reward
-        return SingleAgentEpisode(
-            observations=list(obs), actions=list(ids), rewards=list(rewards),
-            infos=[{"prompt_index": prompt.index}] + [{}] * (n - 1) + [info],
-            extra_model_outputs={ACTION_LOGP: list(logp), WEIGHTS_VERSION: [weights_version] * n},
-            terminated=True, len_lookback_buffer=0,
-            observation_space=self.env.observation_space, action_space=self.env.action_space,
-        )
+        episodes = []
+        for i in range(len(batch)):
+            prompt_ids, ids = batch.prompt_ids[int(batch.prompt_index[i])], batch.response(i)
+            n_prompt, n = len(prompt_ids), len(ids)
+            padded = np.full(width, PAD, np.int64)
+            padded[:n_prompt + n] = np.concatenate([prompt_ids, ids])
+            obs = np.where(cols[None, :] < (n_prompt + np.arange(n + 1))[:, None], padded[None, :], PAD)
+            rewards = np.zeros(n, np.float32)
+            rewards[-1] = batch.reward[i]
+            episodes.append(SingleAgentEpisode(
+                observations=list(obs), actions=[int(t) for t in ids], rewards=list(rewards),
+                infos=[{"prompt_index": int(batch.prompt_index[i])}] + [{}] * (n - 1) + [batch.infos[i]],
+                extra_model_outputs={ACTION_LOGP: list(batch.response_logp(i)),
+                                     WEIGHTS_VERSION: [batch.weights_version] * n},
+                terminated=True, len_lookback_buffer=0,
+                observation_space=self.env.observation_space, action_space=self.env.action_space,
+            ))
+        return episodes
 
     @override(EnvRunner)
     def get_metrics(self) -> dict:
@@ -256,14 +312,14 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         return self.metrics.reduce()
 
     def sample_with_metrics(self):
-        """``(episodes, searcher stats of this call, RLlib metrics)`` in one remote call (TBA's async loop), or a
-        ``SearchError`` when sampling raised."""
+        """``(GenerationBatch without infos, searcher stats of this call, RLlib metrics)`` in one remote call (TBA's
+        loop), or a ``SearchError`` when sampling raised."""
         try:
-            episodes = self.sample()
+            batch = self.generate().without_infos()
         except Exception as e:  # noqa: BLE001 - handed to the driver, which raises it with this searcher's traceback
             logger.exception("searcher %d: sample() failed", self.worker_index)
             return SearchError(self.worker_index, f"{type(e).__name__}: {e}", traceback.format_exc())
-        return episodes, dict(self._stats), self.get_metrics()
+        return batch, dict(self._stats), self.get_metrics()
 
     # ---- EnvRunner / Checkpointable API -----------------------------------------------------------------------
     @override(EnvRunner)

@@ -36,6 +36,9 @@ def test_public_api_and_tune_registration():
     (dict(grad_clip=-1.0), "grad_clip must be None"),
     (dict(searcher_dtype="int8"), "searcher_dtype must be one of"),
     (dict(lora="yes"), "lora must be None or a dict"),
+    (dict(max_staleness=-1), "max_staleness must be >= 0"),
+    (dict(max_staleness=2.5), "max_staleness must be an integer"),
+    (dict(max_staleness=3, sync_every=10), r"max_staleness \(3\) must be >= sync_every - 1 \(9\)"),
     (dict(policy_model=""), "policy_model must be"),
 ])
 def test_validate_rejects_bad_values(change, message):
@@ -79,6 +82,30 @@ def test_searcher_episodes_equal_stepping_the_env(tiny_model):
     np.testing.assert_allclose(ep.get_extra_model_outputs(ACTION_LOGP), logp.numpy(), atol=1e-4)
 
 
+def test_searcher_ships_o_t_batches_that_equal_the_episodes(tiny_model):
+    """What travels to TBA's driver is O(T) per response (no (T+1) x width observations) and holds exactly what the
+    episodes of the same call hold; the buffer samples built from it equal the ones built from the episodes."""
+    import pickle
+
+    config = tldr_config(max_new_tokens=16, prompts_per_generation=4, generations_per_prompt=8)
+    runner = VLLMEnvRunner(config=config, worker_index=0)
+    batch, stats, _ = runner.sample_with_metrics()
+    assert batch.infos is None and len(batch) == 32 and batch.num_tokens == stats["num_tokens"]
+    per_token = len(pickle.dumps(batch)) / batch.num_tokens
+    episodes_per_token = len(pickle.dumps(runner.to_episodes(runner.generate()))) / batch.num_tokens
+    print(f"bytes per generated token: GenerationBatch {per_token:.1f}, episodes {episodes_per_token:.0f}")
+    assert per_token <= 64 < episodes_per_token
+    full = runner.generate()
+    episodes = runner.to_episodes(full)
+    samples = TBA.batch_to_samples(full.without_infos())
+    for ep, s in zip(episodes, samples):
+        prompt = tuple(int(x) for x in ep.get_observations(0) if x >= 0)
+        assert s.prompt_ids == prompt and s.prompt_key == ep.get_infos(0)["prompt_index"]
+        assert s.completion.tolist() == list(ep.get_actions()) and s.reward == pytest.approx(ep.get_return())
+        assert s.sampler_logp == pytest.approx(float(np.sum(ep.get_extra_model_outputs(ACTION_LOGP))), abs=1e-4)
+        assert s.weights_version == ep.get_extra_model_outputs(WEIGHTS_VERSION, 0)
+
+
 def test_vllm_and_learner_logprobs_agree_after_sync(ray_session):
     from rllib_tba.tba_rl_module import response_logprobs
 
@@ -120,16 +147,38 @@ def test_async_learner_updates_while_generation_is_in_flight(ray_session):
         tba = result["tba"]
         assert tba["updates_with_generation_in_flight"] > 0
         updates, samples = list(algo.timeline["updates"]), list(algo.timeline["samples"])
-        overlapping = [u for u in updates if any(s0 < u[1] and u[0] < s1 for s0, s1 in samples)]
+        overlapping = [u for u in updates if any(s0 < u[1] and u[0] < s1 for s0, s1, _ in samples)]
         assert overlapping, (updates, samples)  # a learner update ran while a searcher was generating
         assert algo.weights_version == 12 and tba["weights_version"] == 12
-        for key in ("staleness_mean", "staleness_max", "buffer_size", "learner_steps_per_s"):
+        for key in ("staleness_mean", "staleness_max", "buffer_size", "learner_steps_per_s", "sync_stall_s"):
             assert np.isfinite(tba[key])
+        assert 0 <= tba["learner_idle_fraction"] < 1 and 0 <= tba["searcher_idle_fraction"] < 1
+        assert len(tba["staleness_hist"]) == 4 * 16 and max(tba["staleness_hist"]) == tba["staleness_max"]
         assert result["searchers"]["tokens_per_s"] > 0
         assert np.isfinite(result["learners"]["default_policy"]["tb_loss"])
         assert "log_z" in result["learners"]["default_policy"]
     finally:
         algo.stop()
+
+
+def test_max_staleness_bounds_what_the_learner_trains_on(ray_session):
+    """No training_intensity: the learner outruns the searcher, so without a bound it trains on samples many versions
+    old; with max_staleness=2 it never does (it evicts, drops and waits instead, all counted)."""
+    worst = {}
+    for bound in (None, 2):
+        algo = tldr_config(updates_per_iteration=4, sync_every=2, max_staleness=bound).build_algo()
+        try:
+            seen = []
+            for _ in range(4):
+                tba = algo.train()["tba"]
+                seen += list(np.atleast_1d(tba["staleness_hist"]))
+            worst[bound] = max(seen)
+            if bound is not None:
+                assert tba["buffer_stale_evicted"] + tba["samples_dropped_stale"] > 0
+                assert tba["learner_wait_s"] >= 0 and algo.weights_version == 16
+        finally:
+            algo.stop()
+    assert worst[2] <= 2 < worst[None], worst
 
 
 def test_checkpoint_round_trip(ray_session, tmp_path):
