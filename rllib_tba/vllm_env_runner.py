@@ -261,7 +261,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
             "sample_start": t0,
             "sample_end": t_end,
             "weights_version": weights_version,
-            "reward_mean": float(np.nanmean(scored.rewards)) if len(scored.rewards) else float("nan"),
+            "reward_mean": float(np.mean(batch.reward)) if len(batch) else float("nan"),
             "task": task,
         }
         self._log_rllib_metrics(batch, task)

@@ -12,6 +12,8 @@ import pytest
 
 from conftest import TUNED_EXAMPLES
 
+ROOT = Path(__file__).resolve().parents[1]
+
 EXPERIMENT = (TUNED_EXAMPLES / "tba_tiny.py").read_text()  # tiny model, stand-in TL;DR, stop after 1 iteration
 
 
@@ -64,12 +66,18 @@ def trained(tmp_path_factory, tiny_model):
 
 def test_cli_train_writes_tensorboard_scalars(trained):
     tags = scalar_tags(trained["trial_dir"])
-    for tag in ("ray/tune/tba/staleness_mean", "ray/tune/tba/buffer_size", "ray/tune/tba/learner_steps_per_s",
+    for tag in ("ray/tune/tba/staleness_mean", "ray/tune/tba/staleness_max", "ray/tune/tba/learner_idle_fraction",
+                "ray/tune/tba/searcher_idle_fraction", "ray/tune/tba/buffer_size", "ray/tune/tba/learner_steps_per_s",
                 "ray/tune/searchers/tokens_per_s", "ray/tune/searchers/reward_mean",
                 "ray/tune/learners/default_policy/tb_loss", "ray/tune/learners/default_policy/log_z",
                 "ray/tune/task/eos"):
         assert tag in tags, sorted(tags)
         assert all(np.isfinite(tags[tag]))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(next(Path(trained["trial_dir"]).glob("events.out.tfevents.*"))))
+    acc.Reload()
+    assert "ray/tune/tba/staleness_hist" in acc.Tags()["histograms"], acc.Tags()["histograms"]
 
 
 def test_cli_restore_continues_training(trained):
@@ -353,3 +361,22 @@ def test_tune_grid_over_m_and_k_two_trials(ray_session, tmp_path):
     assert (tmp_path / "results.csv").read_text().count("\n") == 3
     png = (tmp_path / "reward_vs_m_k.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_bench_quick_writes_every_figure(tmp_path):
+    """`scripts/bench.sh --quick`: every key of results.json, results.md with the table, both PNGs."""
+    proc = subprocess.run(["scripts/bench.sh", "--quick", "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    for key in ("async_vs_sync_speedup", "searcher_vs_bare_vllm", "vllm_vs_hf_searcher", "learner_vs_bare_torch",
+                "sync_vs_bare_reload", "learner_stall_during_sync_s", "learner_idle_fraction", "searcher_idle_fraction",
+                "buffer_sample_ms_1m", "buffer_sample_ms_1m_uniform", "bytes_per_token", "async_speedup_bound"):
+        assert isinstance(results[key], (int, float)) and np.isfinite(results[key]) and results[key] >= 0, key
+    assert results["machine"]["cores"] >= 1 and results["commit"] and results["repeats"] >= 3
+    # the same attack budget per learner update in both modes, and the wire format stays O(T)
+    assert results["samples_per_update_async"] == pytest.approx(results["samples_per_update_sync"], rel=0.5)
+    assert results["bytes_per_token"] <= 64 < results["episode_bytes_per_token"]
+    assert "| `async_vs_sync_speedup` |" in (tmp_path / "results.md").read_text()
+    for png in ("ratios.png", "timeline.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
