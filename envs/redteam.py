@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from envs.llm_runtime import chat_prompt, generate_from_ids, get_engine, request_seed, sampling_params
+from envs.llm_runtime import chat_prompt, get_engine, request_seed, sampling_params, sequence_logprobs
 from envs.metrics import PROFANITY_CHECK, ToxicityScorer, attack_success_rate, cosine_diversity
 from envs.models import SMOLLM2, resolve_model
 from envs.token_env import Prompt, TokenEnv, log_clip
@@ -96,13 +96,7 @@ class RedTeamEnv(TokenEnv):
 
     def reference_logprobs(self, prompts: Sequence[Prompt], completions: Sequence[Sequence[int]]) -> np.ndarray:
         """Sum of the reference model's log-probs of each completion's tokens given its prompt (vLLM prompt_logprobs)."""
-        outs = generate_from_ids(self.reference, [list(p.token_ids) + list(c) for p, c in zip(prompts, completions)],
-                                 sampling_params(max_tokens=1, prompt_logprobs=0, temperature=1.0))
-        result = np.zeros(len(prompts))
-        for i, (p, c, out) in enumerate(zip(prompts, completions, outs)):
-            ids = list(p.token_ids) + list(c)
-            result[i] = sum(out.prompt_logprobs[t][ids[t]].logprob for t in range(len(p.token_ids), len(ids)))
-        return result
+        return sequence_logprobs(self.reference, [p.token_ids for p in prompts], completions)
 
     def _score(self, prompts, completions):
         attacks = [self.decode(c) for c in completions]

@@ -44,6 +44,7 @@ from rllib_tba.vllm_env_runner import WEIGHTS_VERSION, GenerationBatch, SearchEr
 logger = logging.getLogger(__name__)
 
 SEARCHER_DTYPES = ("bfloat16", "float32", "float16", "auto")
+REF_LOGP_ON = ("learner", "searchers")
 _TBA_STATE = "tba"
 
 
@@ -93,6 +94,7 @@ class TBAConfig(AlgorithmConfig):
         self.lr_log_z = 1e-2  # its own (larger) learning rate
         self.lora = None  # dict of peft.LoraConfig args, e.g. {"r": 8, "lora_alpha": 16}
         self.max_new_tokens = None  # overrides env_config["max_new_tokens"] when set
+        self.ref_logp_on = "learner"  # where log pi_ref is computed: "learner" (HF model) or "searchers" (vLLM)
         # --- the system ---
         self.async_mode = True
         # Longest wait (s) without progress: the learner waiting for samples (initial fill, training_intensity) with
@@ -140,6 +142,7 @@ class TBAConfig(AlgorithmConfig):
         lr_log_z=NotProvided,
         lora=NotProvided,
         max_new_tokens=NotProvided,
+        ref_logp_on=NotProvided,
         async_mode=NotProvided,
         sample_wait_timeout_s=NotProvided,
         training_intensity=NotProvided,
@@ -190,6 +193,11 @@ class TBAConfig(AlgorithmConfig):
                 searchers receive the merged weights. Default None.
             max_new_tokens: None (use env_config["max_new_tokens"]) or the response length limit in tokens, which
                 then replaces the env's. Default None.
+            ref_logp_on: Where the reference log-probs log pi_ref(y|x) are computed: "learner" (a frozen fp32 copy
+                of the policy on every learner, one extra forward per update) or "searchers" (a frozen fp32 vLLM
+                engine on every searcher scores each response once when it is generated; the learners then hold
+                no reference model). "searchers" needs sampling_temperature=1.0 (vLLM computes prompt log-probs
+                from raw logits). Default "learner".
             async_mode: True: searchers generate while the learner trains (TBA). False: generate → train → sync in
                 lock-step, the synchronous baseline (works with num_env_runners=0). Default True.
             sample_wait_timeout_s: Longest wait, in seconds, without progress: for samples (initial fill,
@@ -256,6 +264,8 @@ class TBAConfig(AlgorithmConfig):
             self.lora = lora
         if max_new_tokens is not NotProvided:
             self.max_new_tokens = max_new_tokens
+        if ref_logp_on is not NotProvided:
+            self.ref_logp_on = ref_logp_on
         if async_mode is not NotProvided:
             self.async_mode = async_mode
         if sample_wait_timeout_s is not NotProvided:
@@ -343,6 +353,11 @@ class TBAConfig(AlgorithmConfig):
             if unknown:
                 err(f"lora has unknown peft.LoraConfig argument(s) {unknown}; common ones: r, lora_alpha, "
                     f"lora_dropout, target_modules, bias")
+        if self.ref_logp_on not in REF_LOGP_ON:
+            err(f"ref_logp_on must be one of {REF_LOGP_ON}, got {self.ref_logp_on!r}")
+        if self.ref_logp_on == "searchers" and self.sampling_temperature != 1.0:
+            err(f"ref_logp_on='searchers' needs sampling_temperature=1.0 (vLLM computes reference log-probs from raw "
+                f"logits), got {self.sampling_temperature}; use ref_logp_on='learner' for other temperatures")
         if self.searcher_dtype not in SEARCHER_DTYPES:
             err(f"searcher_dtype must be one of {SEARCHER_DTYPES}, got {self.searcher_dtype!r}")
         if self.learner_precision not in LEARNER_PRECISIONS:
@@ -352,8 +367,10 @@ class TBAConfig(AlgorithmConfig):
         if self.async_mode and self.num_env_runners < 1 and not self.in_evaluation:
             err("async_mode=True needs num_env_runners >= 1 (searchers run as their own actors, next to the learner); "
                 "use async_mode=False for a single-process run")
-        if self.num_learners > 1:
-            err("num_learners must be 0 (learner in the driver) or 1 (one remote learner); multi-learner TBA is not supported yet")
+        if self.num_learners > 1 and self.prompts_per_batch % self.num_learners:
+            err(f"prompts_per_batch (B={self.prompts_per_batch}) must be a multiple of num_learners "
+                f"({self.num_learners}): a batch is split across the learners by prompt group (VarGrad's logZ of a "
+                f"group is the mean over its K samples, so a group is never cut in two), B/num_learners groups each")
 
     # env_config keys that a TBAConfig setting replaces when that setting is not None
     ENV_CONFIG_FIELDS = {"model": "policy_model", "max_new_tokens": "max_new_tokens"}
@@ -396,7 +413,13 @@ class TBA(Algorithm):
         self._step_start: float | None = None  # when the previous training_step began (learner idle fraction)
         self._iter_staleness: list[int] = []  # staleness of every sample trained on in this iteration
         self._push_seconds: deque = deque(maxlen=20)  # how long each weight push held the learner up
-        self._push_pending = False
+        # weight syncs: every searcher must get weights at least as new as _sync_version; one weights request in
+        # flight per searcher (a searcher loads them between two generation calls); one object-store copy per version
+        self._sync_version = 0
+        self._sent_versions: dict[int, deque] = {}  # searcher -> the versions sent to it, in order
+        self._weights_in_flight: set[int] = set()
+        self._weights_ref: tuple[int, ray.ObjectRef] | None = None
+        self._searcher_calls: dict[int, dict] = {}  # searcher -> its counts (samples, tokens, arrival staleness)
         self._sampling: set[int] = set()  # searchers with a generation request in flight
         self._searcher_stats = deque(maxlen=5)  # the latest searcher reports, averaged into each iteration's metrics
         self._all_down_since: float | None = None  # when the last healthy searcher was lost
@@ -446,7 +469,8 @@ class TBA(Algorithm):
 
     def _fetch_samples(self, timeout_s: float = 0.0) -> int:
         results = self.env_runner_group.fetch_ready_async_reqs(tags="sample", timeout_seconds=timeout_s)
-        self.env_runner_group.fetch_ready_async_reqs(tags="weights", timeout_seconds=0.0)  # clear finished syncs
+        for runner_id, _ in self.env_runner_group.fetch_ready_async_reqs(tags="weights", timeout_seconds=0.0):
+            self._weights_in_flight.discard(runner_id)
         for runner_id, result in results:
             self._sampling.discard(runner_id)
             self._ingest(result)
@@ -469,8 +493,13 @@ class TBA(Algorithm):
         self.buffer.add(samples)
         self.counters["samples_dropped_invalid"] += stats.get("num_dropped_invalid_reward", 0)
         self.counters["tokens_generated"] += stats.get("num_tokens", 0)
-        self.timeline["samples"].append((stats["sample_start"], stats["sample_end"], stats.get("worker_index", 0)))
+        who = stats.get("worker_index", 0)
+        self.timeline["samples"].append((stats["sample_start"], stats["sample_end"], who))
         self._searcher_stats.append(stats)
+        mine = self._searcher_calls.setdefault(who, {"samples": 0, "tokens": 0, "calls": 0, "staleness_sum": 0})
+        mine.update(samples=mine["samples"] + len(batch), tokens=mine["tokens"] + stats.get("num_tokens", 0),
+                    calls=mine["calls"] + 1, tokens_per_s=stats["tokens_per_s"], weights_version=batch.weights_version,
+                    staleness_sum=mine["staleness_sum"] + self.weights_version - batch.weights_version)
 
     def _log_searcher_stats(self) -> None:
         """Averages of the last reports (so an iteration in which no generation finished still reports values)."""
@@ -480,6 +509,11 @@ class TBA(Algorithm):
         values = {("searchers", k): float(np.nanmean([x[k] for x in recent]))
                   for k in ("tokens_per_s", "reward_mean", "generate_s")}
         values[("searchers", "weights_version")] = recent[-1]["weights_version"]
+        for who, mine in self._searcher_calls.items():  # per searcher: throughput, totals, staleness on arrival
+            for key in ("samples", "tokens", "tokens_per_s", "weights_version"):
+                values[("searchers", "per_searcher", str(who), key)] = mine[key]
+            values[("searchers", "per_searcher", str(who), "arrival_staleness_mean")] = \
+                mine["staleness_sum"] / mine["calls"]
         for key in recent[-1].get("task", {}):
             values[("task", key)] = float(np.nanmean([x["task"].get(key, np.nan) for x in recent]))
         self.metrics.log_dict(values, window=1)
@@ -488,9 +522,10 @@ class TBA(Algorithm):
     def batch_to_samples(batch: GenerationBatch) -> list[TBSample]:
         prompts = {k: tuple(int(x) for x in ids) for k, ids in batch.prompt_ids.items()}
         logp = np.concatenate([[0.0], np.cumsum(batch.logp, dtype=np.float64)])[batch.offsets]  # per-response sums
+        ref = batch.ref_logp if batch.ref_logp is not None else np.full(len(batch), np.nan)
         return [TBSample(prompt_key=int(k), prompt_ids=prompts[int(k)], completion=batch.response(i),
                          reward=float(batch.reward[i]), weights_version=batch.weights_version,
-                         sampler_logp=float(logp[i + 1] - logp[i]))
+                         sampler_logp=float(logp[i + 1] - logp[i]), ref_logp=float(ref[i]))
                 for i, k in enumerate(batch.prompt_index)]
 
     def _sample_sync(self) -> int:
@@ -514,6 +549,7 @@ class TBA(Algorithm):
             self._counters["total_num_restored_workers"] += len(restored)
             self.counters["searcher_restarts"] += len(restored)
             self._sampling.difference_update(restored)
+            self._weights_in_flight.difference_update(restored)
             self._push_weights(block=True, to=restored, mark_sync=False)
             logger.warning("searcher(s) %s restarted and given weights version %d", restored, self.weights_version)
         healthy = env_runner_group.num_healthy_remote_workers()
@@ -543,8 +579,7 @@ class TBA(Algorithm):
         while not ready():
             if c.async_mode:
                 self.restore_env_runners(self.env_runner_group, probe_timeout_s=1.0)
-                if self._push_pending:  # a sync that could not be sent yet (max_staleness waits on it)
-                    self._push_weights(block=False)
+                self._send_pending_weights()  # a sync not sent yet (max_staleness may be waiting on it)
                 self._request_samples()
                 self._fetch_samples(timeout_s=0.5)
             else:
@@ -574,28 +609,64 @@ class TBA(Algorithm):
 
     # ---- learner -> searchers ----------------------------------------------------------------------------------
     def _push_weights(self, block: bool, to: list[int] | None = None, mark_sync: bool = True) -> None:
-        """Send the learner's weights and version to searchers ``to`` (default: all). ``mark_sync``: from now on
-        only newer arrivals count as most-on-policy in the buffer."""
-        state = self.learner_group.get_state(
-            components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}", inference_only=True,
-        )[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
-        payload = {COMPONENT_RL_MODULE: state, WEIGHTS_VERSION: self.weights_version}
+        """Send the learner's weights and version to searchers ``to`` (default: all). ``block=False`` (async sync):
+        fire-and-forget, a searcher with a weights request still in flight gets the newest weights once it is done
+        (``_send_pending_weights``). ``mark_sync``: from now on only newer arrivals count as most-on-policy."""
+        if mark_sync:
+            self._sync_version = self.weights_version
         if not self._remote():  # the local runner is the searcher (with remote searchers it never samples)
-            self.env_runner.set_state(payload)
+            self.env_runner.set_state(ray.get(self._weights_payload()))
+        elif block:
+            ref = self._weights_payload()
+            ids = to if to is not None else self.env_runner_group.healthy_env_runner_ids()
+            self.env_runner_group.foreach_env_runner(lambda r: r.set_state(ray.get(ref)), local_env_runner=False,
+                                                     remote_worker_ids=ids)
+            self._record_sent(ids)
         else:
-            ref = ray.put(payload)
-            if block:
-                self.env_runner_group.foreach_env_runner(lambda r: r.set_state(ray.get(ref)), local_env_runner=False,
-                                                         remote_worker_ids=to)
-                self._push_pending = self._push_pending and to is not None
-            else:
-                ids = self.env_runner_group.healthy_env_runner_ids()
-                made = self.env_runner_group.foreach_env_runner_async("set_state", tag="weights", kwargs={"state": ref},
-                                                                      remote_worker_ids=ids)
-                self._push_pending = made < len(ids)  # a runner had too many requests queued: retry next update
+            self._send_pending_weights()
         if mark_sync:
             self.buffer.mark_sync()
             self.counters["weight_syncs"] += 1
+
+    def _weights_payload(self) -> ray.ObjectRef:
+        """The learner's current weights and version, in the object store once per version, shared by every
+        searcher."""
+        if self._weights_ref is None or self._weights_ref[0] != self.weights_version:
+            state = self.learner_group.get_state(
+                components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}", inference_only=True,
+            )[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
+            self._weights_ref = (self.weights_version, ray.put({COMPONENT_RL_MODULE: state,
+                                                                WEIGHTS_VERSION: self.weights_version}))
+        return self._weights_ref[1]
+
+    def _send_pending_weights(self) -> None:
+        """Fire-and-forget the newest weights to every healthy searcher that has not got the last sync's version
+        yet and has no weights request in flight."""
+        if not self._remote():
+            return
+        healthy = self.env_runner_group.healthy_env_runner_ids()
+        self._weights_in_flight &= set(healthy)
+        newest = self.weights_sent
+        targets = [i for i in healthy if newest.get(i, 0) < self._sync_version and i not in self._weights_in_flight]
+        if targets:
+            made = self.env_runner_group.foreach_env_runner_async(
+                "set_state", tag="weights", kwargs={"state": self._weights_payload()}, remote_worker_ids=targets)
+            if made == len(targets):  # (else a searcher's request queue was full: tried again next time)
+                self._weights_in_flight.update(targets)
+                self._record_sent(targets)
+
+    def _record_sent(self, ids) -> None:
+        for i in ids:
+            self._sent_versions.setdefault(i, deque(maxlen=10_000)).append(self.weights_version)
+
+    @property
+    def weights_sent(self) -> dict[int, int]:
+        """Searcher index -> the newest weights version sent to it."""
+        return {i: v[-1] for i, v in self._sent_versions.items()}
+
+    def versions_sent(self, searcher: int) -> list[int]:
+        """Every weights version sent to one searcher, in order."""
+        return list(self._sent_versions.get(searcher, ()))
 
     # ---- the training step -------------------------------------------------------------------------------------
     @override(Algorithm)
@@ -645,27 +716,41 @@ class TBA(Algorithm):
 
     def _update_once(self) -> None:
         c = self.config
-        samples, groups, on_policy = self.buffer.sample(c.prompts_per_batch, c.num_samples_per_prompt, c.m,
-                                                         c.reward_inv_temp)
+        samples, _, on_policy = self.buffer.sample(c.prompts_per_batch, c.num_samples_per_prompt, c.m,
+                                                   c.reward_inv_temp)
         self._iter_staleness += [self.weights_version - s.weights_version for s in samples]
-        batch = build_train_batch(samples, groups)
         in_flight = bool(self._sampling)
+        self.learn_on(samples)
+        self.counters["updates_with_generation_in_flight"] += int(in_flight)
+        self.metrics.log_dict({("tba", "on_policy_fraction"): float(on_policy.mean()),
+                               ("tba", "batch_reward_mean"): float(np.mean([s.reward for s in samples]))}, window=1)
+        if self.weights_version % c.sync_every == 0:
+            t_push = time.time()
+            self._push_weights(block=not c.async_mode)
+            self._push_seconds.append(time.time() - t_push)
+        elif c.async_mode:
+            self._send_pending_weights()
+
+    def learn_on(self, samples: list[TBSample]) -> None:
+        """One learner update (weight version + 1) on a buffer batch: B drawn groups of K samples, in draw order.
+        Each draw is its own VarGrad group; with num_learners >= 2 learner j gets groups j·B/M ... (j+1)·B/M − 1
+        (whole groups, equal shares), and DDP averages the gradients: the same update as one learner on the batch."""
+        c = self.config
+        k = c.num_samples_per_prompt
+        groups = np.arange(len(samples)) // k
+        num_shards = max(1, c.num_learners)
+        per = len(samples) // num_shards
+        batches = [MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(build_train_batch(
+            samples[i * per:(i + 1) * per], groups[i * per:(i + 1) * per]))}, env_steps=per) for i in range(num_shards)]
         t0 = time.time()
         results = self.learner_group.update(
-            batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=len(samples)),
+            **({"batch": batches[0]} if num_shards == 1 else {"batches": batches}),
             timesteps={WEIGHTS_VERSION: self.weights_version},  # the learner's clock (beta_schedule)
         )
         self.timeline["updates"].append((t0, time.time()))
         self.weights_version += 1
         self.samples_trained += len(samples)
-        self.counters["updates_with_generation_in_flight"] += int(in_flight)
         self.metrics.aggregate([results] if isinstance(results, dict) else results, key=LEARNER_RESULTS)
-        self.metrics.log_dict({("tba", "on_policy_fraction"): float(on_policy.mean()),
-                               ("tba", "batch_reward_mean"): float(batch["reward"].mean())}, window=1)
-        if self.weights_version % c.sync_every == 0 or self._push_pending:
-            t_push = time.time()
-            self._push_weights(block=not c.async_mode)
-            self._push_seconds.append(time.time() - t_push)
 
     def _log_idle_and_staleness(self, window_start: float) -> None:
         """Per iteration: the learner's idle fraction (wall time since the previous iteration ended not spent in a

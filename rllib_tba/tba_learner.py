@@ -1,8 +1,9 @@
 """TBA's learner: the TB loss (``tb_loss``) on replay-buffer batches, with a frozen reference model.
 
 The batch (built by :func:`build_train_batch` from buffer samples) holds whole sequences; the module returns the
-summed response log-probs ``logp`` (and ``log_z`` for the learned-logZ variant); the frozen reference model gives
-``ref_logp`` at the same temperature; beta follows ``config.beta_schedule`` over learner updates.
+summed response log-probs ``logp`` (and ``log_z`` for the learned-logZ variant); ``ref_logp`` comes with the batch
+when the searchers computed it (``ref_logp_on="searchers"``), else from a frozen reference model on the learner at
+the same temperature; beta follows ``config.beta_schedule`` over learner updates.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def build_train_batch(samples, groups: np.ndarray, pad_id: int = 0) -> dict:
         attention[i, :lengths[i]] = 1
         prompt_mask[i, :p] = 1
         response_mask[i, p:lengths[i]] = 1
-    return {
+    batch = {
         "input_ids": input_ids,
         "attention_mask": attention,
         "prompt_mask": prompt_mask,
@@ -41,6 +42,10 @@ def build_train_batch(samples, groups: np.ndarray, pad_id: int = 0) -> dict:
         "group": np.asarray(groups, np.int64),
         "weights_version": np.asarray([s.weights_version for s in samples], np.int64),
     }
+    ref_logp = np.asarray([s.ref_logp for s in samples], np.float32)
+    if np.isfinite(ref_logp).all():  # every sample came with its searcher's reference log-probs
+        batch["ref_logp"] = ref_logp
+    return batch
 
 
 class TBATorchLearner(TorchLearner):
@@ -50,11 +55,13 @@ class TBATorchLearner(TorchLearner):
         # beta follows config.beta_schedule over the algorithm's clock: its weight version (= learner updates made,
         # checkpointed with the algorithm), passed in with every update as timesteps[WEIGHTS_VERSION]
         self._beta = Scheduler(self.config.beta_schedule or self.config.beta, framework="torch")
-        from transformers import AutoModelForCausalLM
+        self._ref_lm = None
+        if self.config.ref_logp_on == "learner":  # else the searchers send each sample's reference log-probs
+            from transformers import AutoModelForCausalLM
 
-        module = self.module[next(iter(self.module.keys()))].unwrapped()
-        self._ref_lm = AutoModelForCausalLM.from_pretrained(module.model_path, dtype=torch.float32).to(self._device)
-        self._ref_lm.eval().requires_grad_(False)
+            module = self.module[next(iter(self.module.keys()))].unwrapped()
+            self._ref_lm = AutoModelForCausalLM.from_pretrained(module.model_path, dtype=torch.float32).to(self._device)
+            self._ref_lm.eval().requires_grad_(False)
 
     @override(TorchLearner)
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
@@ -77,9 +84,15 @@ class TBATorchLearner(TorchLearner):
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
         module = self.module[module_id].unwrapped()
         beta = float(self._beta.get_current_value())
-        with torch.no_grad():
-            ref_logp = response_logprobs(self._ref_lm, batch["input_ids"], batch["attention_mask"],
-                                         batch["response_mask"], module.temperature, precision=module.precision)
+        if "ref_logp" in batch:  # computed by the searcher that generated each sample
+            ref_logp = batch["ref_logp"].to(fwd_out["logp"].dtype)
+        elif self._ref_lm is None:
+            raise ValueError("ref_logp_on='searchers' but this batch has samples without reference log-probs (e.g. "
+                             "from a checkpoint of a run with ref_logp_on='learner'); restore it with that setting")
+        else:
+            with torch.no_grad():
+                ref_logp = response_logprobs(self._ref_lm, batch["input_ids"], batch["attention_mask"],
+                                             batch["response_mask"], module.temperature, precision=module.precision)
         logp, reward = fwd_out["logp"], batch["reward"].to(fwd_out["logp"].dtype)
         log_z = fwd_out.get("log_z")
         loss = tb_loss(logp, ref_logp, reward, batch["group"], beta, log_z)

@@ -38,6 +38,7 @@ class TBSample:
     reward: float
     weights_version: int
     sampler_logp: float = 0.0
+    ref_logp: float = float("nan")  # summed reference log-probs when a searcher computed them, else NaN
     seq: int = -1
     alive: bool = field(default=True, repr=False)
     slot: int = field(default=-1, repr=False)  # its place in its group (fixed while stored)
@@ -349,7 +350,7 @@ class TBAReplayBuffer:
         fresh = {s.seq for g in self._groups.values() for s in g.fresh if s.alive}
         return {
             "samples": [(s.prompt_key, s.prompt_ids, s.completion, s.reward, s.weights_version, s.sampler_logp,
-                         s.seq in fresh, s.slot) for s in alive],
+                         s.seq in fresh, s.slot, s.ref_logp) for s in alive],
             "stats": dict(self.stats),
             "rng": self.rng.bit_generator.state,
             # the draw order of prompts and samples depends on these lists and the slots: keep them, so draws
@@ -361,8 +362,8 @@ class TBAReplayBuffer:
     def set_state(self, state: dict) -> None:
         self.__init__(self.capacity, self.per_prompt_capacity, self.eviction, self.dedup)
         rows = state["samples"]
-        samples = [TBSample(row[0], tuple(row[1]), np.asarray(row[2]), float(row[3]), int(row[4]), float(row[5]))
-                   for row in rows]
+        samples = [TBSample(row[0], tuple(row[1]), np.asarray(row[2]), float(row[3]), int(row[4]), float(row[5]),
+                            float(row[8]) if len(row) > 8 else float("nan")) for row in rows]
         self.add(samples, _slots=[row[7] if len(row) > 7 else None for row in rows])
         for group in self._groups.values():  # slots left free by evictions before the checkpoint
             group.free = [i for i, x in enumerate(group.slots) if x is None]

@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import time
 import traceback
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +52,7 @@ from ray.rllib.utils.metrics import (
     WEIGHTS_SEQ_NO,
 )
 
-from envs.llm_runtime import configure_vllm_env, generate_from_ids, get_engine, sampling_params
+from envs.llm_runtime import configure_vllm_env, generate_from_ids, get_engine, sampling_params, sequence_logprobs
 from envs.token_env import PAD, TokenEnv
 from rllib_tba.hf_rl_module import LM_PREFIX
 
@@ -86,6 +87,7 @@ class GenerationBatch:
     reward: np.ndarray  # float64 [n]
     weights_version: int
     infos: list | None = None
+    ref_logp: np.ndarray | None = None  # float64 [n]: summed reference log-probs (ref_logp_on="searchers")
 
     def __len__(self) -> int:
         return len(self.prompt_index)
@@ -141,10 +143,11 @@ def sampler_settings(config) -> dict:
     if hasattr(config, "generations_per_prompt"):  # TBAConfig
         return {"prompts_per_generation": config.prompts_per_generation,
                 "generations_per_prompt": config.generations_per_prompt,
-                "temperature": config.sampling_temperature, "dtype": config.searcher_dtype}
+                "temperature": config.sampling_temperature, "dtype": config.searcher_dtype,
+                "ref_logp": config.ref_logp_on == "searchers"}
     model_config = getattr(config.rl_module_spec, "model_config", None) or config.model_config
     return {"prompts_per_generation": max(1, int(config.num_envs_per_env_runner)), "generations_per_prompt": 1,
-            "temperature": float(model_config.get("temperature", 1.0)), "dtype": "float32"}
+            "temperature": float(model_config.get("temperature", 1.0)), "dtype": "float32", "ref_logp": False}
 
 
 class VLLMEnvRunner(EnvRunner, Checkpointable):
@@ -156,7 +159,9 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         self.settings = sampler_settings(self.config)
         self.rng = np.random.default_rng(None if self.config.seed is None else self.config.seed + self.worker_index)
         self.weights_version = 0
+        self.versions_loaded: deque[int] = deque(maxlen=10_000)  # every weights version received, in order
         self._engine = None
+        self._ref_engine = None
         self._pending_weights: dict | None = None
         self._stats: dict[str, Any] = {}
         self.num_dropped_invalid = 0
@@ -178,6 +183,15 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
                 self._pending_weights = None
         return self._engine
 
+    @property
+    def reference_engine(self):
+        """The frozen reference model (the policy's initial weights) in fp32, never reloaded: reference log-probs
+        on the searcher (``ref_logp_on="searchers"``). Shared with a task that loads the same reference."""
+        if self._ref_engine is None:
+            self._ref_engine = get_engine(self.env.model_path, dtype="float32", seed=(self.config.seed or 0),
+                                          max_model_len=self.env.max_prompt_tokens + self.env.max_new_tokens)
+        return self._ref_engine
+
     def _reload(self, weights: dict) -> None:
         self._engine.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
         self._engine.reset_prefix_cache()
@@ -193,6 +207,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         else:
             self._reload(weights)
         self.weights_version = int(weights_version)
+        self.versions_loaded.append(self.weights_version)
 
     # ---- sampling ----------------------------------------------------------------------------------------------
     @override(EnvRunner)
@@ -225,6 +240,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         params = sampling_params(n=per_prompt, temperature=0.0 if greedy else s["temperature"],
                                  max_tokens=env.max_new_tokens, logprobs=0, stop_token_ids=sorted(env.eos_token_ids))
         weights_version = self.weights_version
+        self._ref_s = 0.0
         outputs = generate_from_ids(self.engine, [p.token_ids for p in prompts], params)
         t_gen = time.time()
         flat_prompts, completions, logps = [], [], []
@@ -241,6 +257,11 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         batch = GenerationBatch.from_responses([flat_prompts[i] for i in ok], [completions[i] for i in ok],
                                                [logps[i] for i in ok], scored.rewards[ok],
                                                [scored.infos[i] for i in ok], weights_version)
+        if s["ref_logp"] and len(batch):
+            t_ref = time.time()
+            batch.ref_logp = sequence_logprobs(self.reference_engine, [flat_prompts[i].token_ids for i in ok],
+                                               [completions[i] for i in ok])
+            self._ref_s = time.time() - t_ref
         dropped = len(completions) - len(ok)
         self.num_dropped_invalid += dropped
         if dropped:
@@ -256,7 +277,8 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
             "num_dropped_invalid_reward": dropped,
             "num_tokens": num_tokens,
             "generate_s": t_gen - t0,
-            "score_s": t_end - t_gen,
+            "score_s": t_end - t_gen - self._ref_s,
+            "ref_logp_s": self._ref_s,
             "tokens_per_s": num_tokens / max(t_gen - t0, 1e-9),
             "sample_start": t0,
             "sample_end": t_end,

@@ -37,6 +37,8 @@ def test_public_api_and_tune_registration():
     (dict(searcher_dtype="int8"), "searcher_dtype must be one of"),
     (dict(lora="yes"), "lora must be None or a dict"),
     (dict(max_staleness=-1), "max_staleness must be >= 0"),
+    (dict(ref_logp_on="gpu"), "ref_logp_on must be one of"),
+    (dict(ref_logp_on="searchers", sampling_temperature=0.7), "ref_logp_on='searchers' needs sampling_temperature=1.0"),
     (dict(max_staleness=2.5), "max_staleness must be an integer"),
     (dict(max_staleness=3, sync_every=10), r"max_staleness \(3\) must be >= sync_every - 1 \(9\)"),
     (dict(policy_model=""), "policy_model must be"),
@@ -161,6 +163,38 @@ def test_async_learner_updates_while_generation_is_in_flight(ray_session):
         algo.stop()
 
 
+def test_reference_logprobs_on_searchers(ray_session, tiny_model):
+    """ref_logp_on="searchers": each sample arrives with log pi_ref from the searcher's frozen vLLM engine (equal to
+    the HF reference forward), the learner holds no reference model and trains on those values."""
+    from transformers import AutoModelForCausalLM
+
+    from rllib_tba.tba_rl_module import response_logprobs
+
+    algo = tldr_config(async_mode=False, ref_logp_on="searchers", sync_every=1, lr=1e-2,
+                       max_new_tokens=8).env_runners(num_env_runners=0).build_algo()
+    try:
+        for _ in range(2):
+            result = algo.train()
+        assert algo.learner_group._learner._ref_lm is None and algo.weights_version == 2
+        stored = list(algo.buffer.samples())
+        assert stored and all(np.isfinite(s.ref_logp) for s in stored)
+        # the reference did not move with the policy (2 updates at lr 1e-2) and matches the HF model
+        batch = algo.env_runner.generate()
+        hf = AutoModelForCausalLM.from_pretrained(tiny_model)
+        for i in range(6):
+            prompt = batch.prompt_ids[int(batch.prompt_index[i])].tolist()
+            ids = torch.tensor([prompt + batch.response(i).tolist()])
+            resp = torch.zeros_like(ids, dtype=torch.float32)
+            resp[0, len(prompt):] = 1
+            with torch.no_grad():
+                expected = response_logprobs(hf, ids, torch.ones_like(ids), resp, 1.0).item()
+            assert batch.ref_logp[i] == pytest.approx(expected, abs=1e-3)
+        learner = result["learners"]["default_policy"]
+        assert np.isfinite(learner["ref_logp_mean"]) and np.isfinite(learner["tb_loss"])
+    finally:
+        algo.stop()
+
+
 def test_max_staleness_bounds_what_the_learner_trains_on(ray_session):
     """No training_intensity: the learner outruns the searcher, so without a bound it trains on samples many versions
     old; with max_staleness=2 it never does (it evicts, drops and waits instead, all counted)."""
@@ -209,7 +243,8 @@ def test_checkpoint_round_trip(ray_session, tmp_path):
         new_state = restored.buffer.get_state()
         assert len(new_state["samples"]) == len(buffer_state["samples"]) > 0
         for a, b in zip(new_state["samples"], buffer_state["samples"]):
-            assert a[0] == b[0] and a[1] == b[1] and np.array_equal(a[2], b[2]) and a[3:] == b[3:]
+            assert a[0] == b[0] and a[1] == b[1] and np.array_equal(a[2], b[2]) and a[3:8] == b[3:8]
+            assert np.array_equal(a[8], b[8], equal_nan=True)  # reference log-probs (NaN: the learner computes them)
         assert restored.env_runner.weights_version == version  # searcher resumed with the restored weights
         restored.train()
         assert restored.weights_version == version + 1
