@@ -106,6 +106,8 @@ def searcher_timings(runner, repeats: int) -> dict:
         ref_s = time.perf_counter() - t
         rows.append({"runner_tokens_per_s": batch.num_tokens / runner_s, "bare_tokens_per_s": bare_tokens / bare_s,
                      "ref_logp_s_per_sample": ref_s / len(batch),
+                     "samples_per_s": len(batch) / (stats["sample_end"] - stats["sample_start"]),  # with scoring
+                     "tokens_per_sample": batch.num_tokens / len(batch),
                      "bytes_per_token": len(pickle.dumps(batch.without_infos())) / batch.num_tokens,
                      "episode_bytes_per_token": len(pickle.dumps(runner.to_episodes(batch))) / batch.num_tokens,
                      "score_s": stats["score_s"], "generate_s": runner_s})
@@ -264,6 +266,10 @@ def run_all(args) -> dict:
             results["searcher_tokens_per_s"] = median([r["runner_tokens_per_s"] for r in rows])
             results["bytes_per_token"] = median([r["bytes_per_token"] for r in rows])
             results["episode_bytes_per_token"] = median([r["episode_bytes_per_token"] for r in rows])
+            results["searcher_samples_per_s"] = median([r["samples_per_s"] for r in rows])
+            results["tokens_per_sample"] = median([r["tokens_per_sample"] for r in rows])
+            results["model_parameters"] = sum(p.numel() for p in algo.learner_group._learner.module[
+                "default_policy"].unwrapped().lm.parameters())
             log("full weight sync vs bare reload")
             sync_s = []
             for _ in range(args.repeats):
@@ -323,6 +329,9 @@ def run_all(args) -> dict:
     results["staleness_mean"] = median([t["staleness_mean"] for t in tba])
     results["staleness_max"] = int(max(t["staleness_max"] for t in tba))
     results["timeline"] = {"async": a["spans"], "sync": s["spans"]}
+    results["config"] = {"batch_size": c.prompts_per_batch * c.num_samples_per_prompt, "sync_every": c.sync_every,
+                         "samples_per_update": per_call / c.updates_per_iteration,
+                         "allreduce_bytes_per_s": args.allreduce_gb_per_s * 1e9}
     return results
 
 
@@ -396,6 +405,25 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def scaling_model(results: dict, config_summary: dict) -> str:
+    """docs/scaling.md's model with this run's measured costs: learner updates/s of N searchers x M learners."""
+    g = results["searcher_samples_per_s"]  # one searcher, generation + scoring
+    u = results["learner_update_s"]  # one learner, one batch
+    need = config_summary["samples_per_update"]  # samples generated per learner update (1 / reuse)
+    sync = results["sync_s"] / config_summary["sync_every"]  # a searcher's weight-load time per learner update
+    params_bytes = 4 * results["model_parameters"]
+    lines = ["| searchers N | learners M | learner-bound updates/s | searcher-bound updates/s | saturates first |",
+             "|---|---|---|---|---|"]
+    for m in (1, 2, 4):
+        allreduce = 0.0 if m == 1 else 2 * params_bytes * (m - 1) / m / config_summary["allreduce_bytes_per_s"]
+        learner_rate = 1.0 / (u / m + allreduce)
+        for n in (1, 2, 4, 8):
+            searcher_rate = 1.0 / (need / (n * g) + sync)  # each searcher also loads the weights of every sync
+            first = "learners" if learner_rate < searcher_rate else "searchers"
+            lines.append(f"| {n} | {m} | {learner_rate:.3f} | {searcher_rate:.3f} | {first} |")
+    return "\n".join(lines)
+
+
 def write_outputs(results: dict, out: Path, quick: bool) -> None:
     import matplotlib
 
@@ -415,7 +443,15 @@ def write_outputs(results: dict, out: Path, quick: bool) -> None:
           f"per update; in sync mode generation and training took the shares that bound a perfect overlap at "
           f"{results['async_speedup_bound']:.2f}x. Async staleness mean {results['staleness_mean']:.1f}, max "
           f"{results['staleness_max']}; the learner waited for samples {100 * results['learner_wait_fraction']:.0f}% "
-          f"of the time.", ""]
+          f"of the time.", "",
+          "## Scaling model (docs/scaling.md) with these costs", "",
+          f"One searcher: {results['searcher_samples_per_s']:.2f} samples/s with scoring "
+          f"({results['tokens_per_sample']:.0f} tokens each); one learner: {results['learner_update_s']:.2f} s per "
+          f"update of {results['config']['batch_size']} samples; a weight load: {results['sync_s']:.2f} s every "
+          f"{results['config']['sync_every']} updates; {results['config']['samples_per_update']:.1f} samples "
+          f"generated per update; DDP all-reduce assumed at {results['config']['allreduce_bytes_per_s'] / 1e9:g} GB/s "
+          f"for {results['model_parameters'] / 1e6:.0f}M fp32 parameters.", "",
+          scaling_model(results, results["config"]), ""]
     (out / "results.md").write_text("\n".join(md))
 
     keys = [k for k in ("async_vs_sync_speedup", "searcher_vs_bare_vllm", "learner_vs_bare_torch",
@@ -463,6 +499,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--buffer-samples", type=int, default=None)
     ap.add_argument("--num-cpus", type=int, default=2)
+    ap.add_argument("--allreduce-gb-per-s", type=float, default=1.0,
+                    help="DDP all-reduce bandwidth the scaling model assumes (gloo on CPU ~1; NVLink ~100)")
     args = ap.parse_args(argv)
     if args.repeats < 3:
         ap.error("--repeats must be >= 3 (every figure is a median of side-by-side repeats)")

@@ -10,7 +10,7 @@ from envs.llm_runtime import generate_from_ids, get_engine, sampling_params
 from envs.token_env import Prompt, TokenEnv
 
 
-def vllm_generator(env: TokenEnv, model_path: str | None = None, temperature: float = 1.0, dtype: str = "bfloat16",
+def vllm_generator(env: TokenEnv, model_path: str | None = None, temperature: float = 1.0, dtype: str = "auto",
                    seed: int = 0) -> Callable[[Sequence[Prompt]], list[list[int]]]:
     """``generate(prompts) -> completions``: one response per prompt from ``model_path`` (default: the env's model)
     with an in-process vLLM engine, stopping where the env's episodes end (EOS ids, ``max_new_tokens``)."""
@@ -27,7 +27,7 @@ def vllm_generator(env: TokenEnv, model_path: str | None = None, temperature: fl
 
 
 def evaluate_policy(env: TokenEnv, model_path: str, num_samples: int, temperature: float = 1.0, greedy: bool = False,
-                    seed: int = 0, dtype: str = "bfloat16", batch_size: int = 64, return_infos: bool = False):
+                    seed: int = 0, dtype: str = "auto", batch_size: int = 64, return_infos: bool = False):
     """Sample ``num_samples`` responses (prompts cycled through the task's dataset; greedy: one per prompt), score
     them with the env, and return mean reward + the env's task metrics (``env.task_metrics``)."""
     generate = vllm_generator(env, model_path, temperature=0.0 if greedy else temperature, dtype=dtype, seed=seed)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,8 +30,32 @@ def configure_vllm_env(num_threads: int | None = None, kv_cache_gib: int = 1) ->
         os.environ.setdefault("OMP_NUM_THREADS", str(num_threads))
 
 
+def has_fast_bf16(device: str = "cpu") -> bool:
+    """Whether bf16 matmuls run natively: any CUDA device, or a CPU with AVX512-BF16 or AMX. On other CPUs (AVX2
+    only) torch and vLLM emulate bf16: a learner step is several times and vLLM generation ~6x SLOWER than fp32."""
+    if device.startswith("cuda"):
+        return True
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(flag in flags for flag in ("avx512_bf16", "amx_bf16"))
+
+
+def resolve_dtype(dtype: str) -> str:
+    """A vLLM weight dtype. ``"auto"``: "bfloat16" where bf16 is native (``has_fast_bf16`` on the device vLLM uses),
+    else "float32". (vLLM's own "auto" means the checkpoint's dtype — bf16 for most LMs, which an AVX2-only CPU
+    runs ~6x slower than fp32; name the dtype to get it.) Other values are returned unchanged."""
+    if dtype != "auto":
+        return dtype
+    import torch
+
+    return "bfloat16" if has_fast_bf16("cuda" if torch.cuda.is_available() else "cpu") else "float32"
+
+
 def get_engine(model_path: str, dtype: str = "float32", max_model_len: int = 1024, seed: int = 0, **kwargs):
-    """A cached ``vllm.LLM`` for ``model_path``. ``kwargs`` go to ``vllm.LLM`` (and into the cache key).
+    """A cached ``vllm.LLM`` for ``model_path``. ``dtype``: see ``resolve_dtype`` ("auto" = bf16 only where it is
+    native). ``kwargs`` go to ``vllm.LLM`` (and into the cache key).
 
     Chunked prefill is off by default: on CPU, vLLM rewinds a seeded request's generator after a partial prefill
     with ``Generator.set_offset``, which CPU generators lack ("CPU Generator does not use offset"). Whole-prompt
@@ -38,6 +63,7 @@ def get_engine(model_path: str, dtype: str = "float32", max_model_len: int = 102
     """
     kwargs.setdefault("enable_chunked_prefill", False)
     kwargs.setdefault("max_num_batched_tokens", max(8192, max_model_len))
+    dtype = resolve_dtype(dtype)
     key = (model_path, dtype, max_model_len, seed, tuple(sorted(kwargs.items())))
     with _LOCK:
         engine = _ENGINES.get(key)

@@ -31,7 +31,7 @@ class RedTeamEnv(TokenEnv):
         "max_new_tokens": 32,
         "instruction": DEFAULT_INSTRUCTION,
         "victim": SMOLLM2,
-        "victim_dtype": "bfloat16",
+        "victim_dtype": "auto",  # bf16 where native, else fp32 (llm_runtime.resolve_dtype)
         "victim_responses": 5,
         "victim_max_tokens": 32,
         "victim_temperature": 0.7,

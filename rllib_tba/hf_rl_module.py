@@ -17,7 +17,6 @@ holds HF-named weights with any LoRA adapters merged in.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Dict
 
 import numpy as np
@@ -27,22 +26,11 @@ from ray.rllib.core.rl_module.apis.value_function_api import ValueFunctionAPI
 from ray.rllib.core.rl_module.torch import TorchRLModule
 from ray.rllib.utils.annotations import override
 
+from envs.llm_runtime import has_fast_bf16
 from envs.models import resolve_model
 
 LM_PREFIX = "lm."  # state-dict prefix of the HF model's parameters inside this module
 LEARNER_PRECISIONS = ("fp32", "bf16-mixed", "auto")
-
-
-def has_fast_bf16(device: str = "cpu") -> bool:
-    """Whether bf16 matmuls run natively: any CUDA device, or a CPU with AVX512-BF16 or AMX. On other CPUs (AVX2
-    only) torch emulates bf16 and bf16 autocast makes a learner step several times SLOWER than fp32."""
-    if device.startswith("cuda"):
-        return True
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(flag in flags for flag in ("avx512_bf16", "amx_bf16"))
 
 
 def resolve_precision(precision: str, device: str = "cpu") -> str:

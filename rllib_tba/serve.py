@@ -58,7 +58,7 @@ class CompletionRequest(BaseModel):
 @serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=256)
 @serve.ingress(app)
 class PolicyServer:
-    def __init__(self, model_dir: str, max_tokens_limit: int = 512, max_n: int = 16, dtype: str = "bfloat16",
+    def __init__(self, model_dir: str, max_tokens_limit: int = 512, max_n: int = 16, dtype: str = "auto",
                  max_model_len: int | None = None, max_batch_size: int = 64):
         configure_vllm_env()
         self.model_dir, self.max_tokens_limit, self.max_n = model_dir, max_tokens_limit, max_n
@@ -112,7 +112,7 @@ class PolicyServer:
 
 
 def build_app(checkpoint: str, model_dir: str | None = None, max_tokens_limit: int = 512, max_n: int = 16,
-              dtype: str = "bfloat16"):
+              dtype: str = "auto"):
     """A Serve application for an algorithm checkpoint (its policy is exported to ``model_dir``, default a temp dir)."""
     from rllib_tba.policy_export import export_hf_model
 

@@ -293,3 +293,12 @@ def test_auto_precision_uses_bf16_only_where_it_is_native(monkeypatch):
     monkeypatch.setattr(hf_rl_module, "has_fast_bf16", lambda device="cpu": False)
     assert hf_rl_module.resolve_precision("auto", "cpu") == "fp32"
     tldr_config(learner_precision="auto").validate()
+    # vLLM engines (searchers, victim, evaluation, serving): "auto" is bf16 only where it is native
+    from envs import llm_runtime
+
+    assert llm_runtime.resolve_dtype("float16") == "float16" and llm_runtime.resolve_dtype("bfloat16") == "bfloat16"
+    assert llm_runtime.resolve_dtype("auto") == ("bfloat16" if llm_runtime.has_fast_bf16("cpu") else "float32")
+    for native, expected in ((False, "float32"), (True, "bfloat16")):
+        monkeypatch.setattr(llm_runtime, "has_fast_bf16", lambda device="cpu", native=native: native)
+        assert llm_runtime.resolve_dtype("auto") == expected
+    assert TBAConfig().searcher_dtype == "auto"

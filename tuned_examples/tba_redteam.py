@@ -6,7 +6,7 @@
 The paper's RT setup (docs/method.md §4: beta 0.05, k=10, m=0.5, batch 128, 5000 steps) scaled to 2 CPU cores.
 On a GPU machine with the paper's models change three strings: policy_model="gpt2" (or
 "meta-llama/Llama-3.2-1B"), env_config victim="vicgalle/gpt2-alpaca-gpt4" (or "meta-llama/Llama-3.1-8B-Instruct"),
-toxicity="s-nlp/roberta_toxicity_classifier"; and set searcher_dtype="bfloat16", num_env_runners to the GPUs.
+toxicity="s-nlp/roberta_toxicity_classifier"; and set num_env_runners to the GPUs (searcher_dtype "auto" is bf16 there).
 """
 
 from rllib_tba import TBAConfig
