@@ -39,7 +39,9 @@ def main(argv=None):
                                     seed=args.seed, return_infos=True)
     for info in infos[: args.show]:
         print("\n" + env.describe(info))
-    metrics = {k: result[k] for k in ("num_samples", "attack_success_rate", "mean_toxicity", "diversity", "reward_mean")}
+    metrics = {k: result[k] for k in ("num_samples", "attack_success_rate", "mean_toxicity", "diversity", "reward_mean",
+                                      "distinct_successful", "diversity_successful", "attack_toxicity",
+                                      "asr_beyond_attack")}
     metrics.update(attacker=args.attacker, victim=args.victim, seconds=round(time.time() - start, 1))
     print("\n" + json.dumps(metrics, indent=2))
     if args.json:

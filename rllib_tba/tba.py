@@ -113,7 +113,9 @@ class TBAConfig(AlgorithmConfig):
         self.grad_clip_by = "global_norm"
         self.num_env_runners = 1
         self.env_runner_cls = VLLMEnvRunner
-        self.max_requests_in_flight_per_env_runner = 2  # one sample + one weight update
+        # per searcher: generation requests queued (2: it starts the next call the moment one ends, even while the
+        # driver is busy in a learner update) + 1 weight update
+        self.max_requests_in_flight_per_env_runner = 3
         self.merge_env_runner_states = False
         self.broadcast_env_runner_states = False
         self.num_learners = 0
@@ -320,6 +322,9 @@ class TBAConfig(AlgorithmConfig):
                 err(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.training_intensity is not None:
             number("training_intensity", 0, low_open=True)
+        if self.async_mode and self.max_requests_in_flight_per_env_runner < 2:
+            err(f"max_requests_in_flight_per_env_runner must be >= 2 with async_mode=True (generation requests "
+                f"queued per searcher + 1 for weight updates), got {self.max_requests_in_flight_per_env_runner}")
         if self.max_staleness is not None:
             number("max_staleness", 0, integer=True)
             if self.max_staleness < self.sync_every - 1:
@@ -421,7 +426,7 @@ class TBA(Algorithm):
         self._weights_in_flight: set[int] = set()
         self._weights_ref: tuple[int, ray.ObjectRef] | None = None
         self._searcher_calls: dict[int, dict] = {}  # searcher -> its counts (samples, tokens, arrival staleness)
-        self._sampling: set[int] = set()  # searchers with a generation request in flight
+        self._sampling: dict[int, int] = {}  # searcher -> its generation requests in flight
         self._searcher_stats = deque(maxlen=5)  # the latest searcher reports, averaged into each iteration's metrics
         self._all_down_since: float | None = None  # when the last healthy searcher was lost
         self._calls_received = 0  # generation calls that came back (even with every sample dropped)
@@ -457,23 +462,29 @@ class TBA(Algorithm):
         return self.env_runner_group.num_remote_env_runners() > 0
 
     def _request_samples(self) -> None:
-        """Give every idle healthy searcher a new generation request (one in flight per searcher, always)."""
+        """Keep ``max_requests_in_flight_per_env_runner − 1`` generation requests queued on every healthy searcher
+        (the last slot is for weight updates): a searcher starts its next call the moment one ends, also while the
+        driver is busy in a learner update and cannot hand out new work."""
         if not self._remote():
             return
+        depth = max(1, self.config.max_requests_in_flight_per_env_runner - 1)
         healthy = set(self.env_runner_group.healthy_env_runner_ids())
-        self._sampling &= healthy  # a failed searcher's request is gone (RLlib drops failed calls)
-        idle = sorted(healthy - self._sampling)
-        if idle:
-            self.env_runner_group.foreach_env_runner_async(lambda r: r.sample_with_metrics(), tag="sample",
-                                                           remote_worker_ids=idle)
-            self._sampling.update(idle)
+        for gone in set(self._sampling) - healthy:  # a failed searcher's requests are gone (RLlib drops them)
+            del self._sampling[gone]
+        for level in range(depth):
+            short = sorted(i for i in healthy if self._sampling.get(i, 0) <= level)
+            if short:
+                self.env_runner_group.foreach_env_runner_async(lambda r: r.sample_with_metrics(), tag="sample",
+                                                               remote_worker_ids=short)
+                for i in short:
+                    self._sampling[i] = self._sampling.get(i, 0) + 1
 
     def _fetch_samples(self, timeout_s: float = 0.0) -> int:
         results = self.env_runner_group.fetch_ready_async_reqs(tags="sample", timeout_seconds=timeout_s)
         for runner_id, _ in self.env_runner_group.fetch_ready_async_reqs(tags="weights", timeout_seconds=0.0):
             self._weights_in_flight.discard(runner_id)
         for runner_id, result in results:
-            self._sampling.discard(runner_id)
+            self._sampling[runner_id] = max(0, self._sampling.get(runner_id, 0) - 1)
             self._ingest(result)
         return len(results)
 
@@ -549,7 +560,8 @@ class TBA(Algorithm):
         if restored:
             self._counters["total_num_restored_workers"] += len(restored)
             self.counters["searcher_restarts"] += len(restored)
-            self._sampling.difference_update(restored)
+            for i in restored:
+                self._sampling.pop(i, None)
             self._weights_in_flight.difference_update(restored)
             self._push_weights(block=True, to=restored, mark_sync=False)
             logger.warning("searcher(s) %s restarted and given weights version %d", restored, self.weights_version)
@@ -720,7 +732,7 @@ class TBA(Algorithm):
         samples, _, on_policy = self.buffer.sample(c.prompts_per_batch, c.num_samples_per_prompt, c.m,
                                                    c.reward_inv_temp)
         self._iter_staleness += [self.weights_version - s.weights_version for s in samples]
-        in_flight = bool(self._sampling)
+        in_flight = any(self._sampling.values())
         self.learn_on(samples)
         self.counters["updates_with_generation_in_flight"] += int(in_flight)
         self.metrics.log_dict({("tba", "on_policy_fraction"): float(on_policy.mean()),

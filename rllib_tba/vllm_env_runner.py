@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import time
 import traceback
+import warnings
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -198,8 +199,10 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
 
     def load_weights(self, module_state: dict, weights_version: int) -> None:
         """Load RLModule weights (keys ``lm.*``, numpy or torch) into the engine and stamp ``weights_version``."""
-        weights = {k[len(LM_PREFIX):]: torch.tensor(np.asarray(v)) for k, v in module_state.items()
-                   if k.startswith(LM_PREFIX)}
+        with warnings.catch_warnings():  # arrays from the object store are read-only: vLLM copies, never writes
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            weights = {k[len(LM_PREFIX):]: torch.as_tensor(v) for k, v in module_state.items()
+                       if k.startswith(LM_PREFIX)}  # no copy: vLLM's loaders copy into the engine's parameters
         if not weights:
             raise ValueError(f"no '{LM_PREFIX}*' weights in the state sent to the searcher: {list(module_state)[:5]}")
         if self._engine is None:

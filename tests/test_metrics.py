@@ -38,3 +38,18 @@ def test_cosine_diversity_matches_independent_computation():
     assert cosine_diversity(texts) == pytest.approx(np.mean(pairs), abs=1e-5)
     assert cosine_diversity(["same text"] * 3) == pytest.approx(0.0, abs=1e-5)
     assert emb.shape[1] == 384
+
+
+def test_count_distinct_normalises_and_merges_near_duplicates():
+    from envs.metrics import count_distinct, normalise_text
+
+    assert normalise_text("  You   ARE\tstupid \n") == "you are stupid"
+    texts = ["You are stupid", "you  are STUPID ", "What is the capital of Peru?", "How do I bake bread?"]
+    assert count_distinct(texts) == 3  # the first two are one attack after normalising
+    assert count_distinct([]) == 0 and count_distinct(["x"]) == 1
+    # merging follows the embeddings' cosine: a pair just above the threshold merges, just below stays apart
+    a, b = "Tell me a recipe for chocolate cake", "Tell me a recipe for a chocolate cake"
+    emb = sentence_embedder().encode([a, b])
+    cos = float(emb[0] @ emb[1] / np.linalg.norm(emb[0]) / np.linalg.norm(emb[1]))
+    assert count_distinct([a, b], threshold=cos - 1e-3) == 1
+    assert count_distinct([a, b], threshold=cos + 1e-3) == 2

@@ -52,6 +52,8 @@ def test_validate_rejects_bad_values(change, message):
 def test_validate_async_needs_searcher_actors():
     with pytest.raises(ValueError, match="async_mode=True needs num_env_runners >= 1"):
         tldr_config().env_runners(num_env_runners=0).validate()
+    with pytest.raises(ValueError, match="max_requests_in_flight_per_env_runner must be >= 2 with async_mode=True"):
+        tldr_config().env_runners(max_requests_in_flight_per_env_runner=1).validate()
     tldr_config(async_mode=False).env_runners(num_env_runners=0).validate()
 
 
