@@ -7,7 +7,7 @@
               .env_runners(num_env_runners=1))
     algo = config.build_algo(); algo.train()
 
-Asynchronous mode (default): each searcher (``VLLMEnvRunner`` actor) always has a ``sample`` request in flight;
+Asynchronous mode (default): each searcher (``VLLMEnvRunner`` actor) always has two ``sample`` requests queued;
 ``training_step`` adds whatever arrived to the replay buffer and, once ``min_buffer_size`` samples are there, runs
 learner updates on buffer batches without waiting for generation. Every ``sync_every`` learner updates the newest
 weights are sent to the searchers fire-and-forget (a searcher loads them between two generation calls); the learner
