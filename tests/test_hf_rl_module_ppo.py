@@ -137,7 +137,8 @@ def test_ppo_with_vllm_env_runner(ray_session, tiny_model):
     config = (
         PPOConfig()
         .environment("tba/TLDR-v0", env_config={"model": "tiny-test", "max_new_tokens": 8})
-        .env_runners(env_runner_cls=VLLMEnvRunner, num_env_runners=1, num_envs_per_env_runner=16)
+        # sample_timeout_s: on a busy machine RLlib's default 60 s could cut a sampling round short
+        .env_runners(env_runner_cls=VLLMEnvRunner, num_env_runners=1, num_envs_per_env_runner=16, sample_timeout_s=600)
         .rl_module(rl_module_spec=RLModuleSpec(module_class=HFCausalLMRLModule, model_config={"model": "tiny-test"}))
         .learners(learner_connector=lambda *spaces: AddActionDistInputsFromModule())
         .training(train_batch_size_per_learner=64, minibatch_size=64, num_epochs=1, lr=1e-4,
