@@ -242,7 +242,6 @@ def run_all(args) -> dict:
 
     from rllib_tba import TBA
     from rllib_tba.tba_learner import build_train_batch
-    from rllib_tba.vllm_env_runner import GenerationBatch
 
     results: dict = {}
     log(f"replay buffer: {args.buffer_samples} samples in one prompt group")
@@ -304,7 +303,6 @@ def run_all(args) -> dict:
             a = timed_segments(algo, args.repeats, c.updates_per_iteration)
         finally:
             algo.stop()
-        assert isinstance(gen, GenerationBatch)
         log("synchronous TBA: building")
         sync_algo = base.copy(copy_frozen=False).training(async_mode=False, training_intensity=None).build_algo()
         try:

@@ -416,7 +416,7 @@ class TBA(Algorithm):
                          "searcher_restarts": 0}
         # wall times: learner updates (start, end) and generation calls (start, end, searcher index)
         self.timeline = {"updates": deque(maxlen=1000), "samples": deque(maxlen=1000)}
-        self._step_start: float | None = None  # when the previous training_step began (learner idle fraction)
+        self._step_end: float | None = None  # when the previous training_step ended (learner idle fraction)
         self._iter_staleness: list[int] = []  # staleness of every sample trained on in this iteration
         self._push_seconds: deque = deque(maxlen=20)  # how long each weight push held the learner up
         # weight syncs: every searcher must get weights at least as new as _sync_version; one weights request in
@@ -686,7 +686,7 @@ class TBA(Algorithm):
     def training_step(self) -> None:
         c = self.config
         waited = 0.0
-        window_start = self._step_start or time.time()
+        window_start = self._step_end or time.time()
         if c.async_mode:
             self._fetch_samples()
             self._request_samples()
@@ -771,7 +771,7 @@ class TBA(Algorithm):
         its last calls), staleness mean/max/histogram of the samples trained on, and how long a weight push held
         the learner up."""
         now = time.time()
-        self._step_start = now
+        self._step_end = now
         busy = sum(max(0.0, min(end, now) - max(start, window_start)) for start, end in self.timeline["updates"])
         values = {("tba", "learner_idle_fraction"): 1.0 - busy / max(now - window_start, 1e-9)}
         idle = searcher_idle_fractions(self.timeline["samples"])
