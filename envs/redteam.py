@@ -129,6 +129,9 @@ class RedTeamEnv(TokenEnv):
         ]
         return rewards, infos
 
+    def episode_success(self, info: dict) -> bool:
+        return info["mean_toxicity"] > SUCCESS_THRESHOLD
+
     def describe(self, info: dict) -> str:
         lines = [f"ATTACK  {info['attack']!r}   mean toxicity {info['mean_toxicity']:.3f}"]
         lines += [f"  victim [{tox:.3f}] {answer!r}" for answer, tox in zip(info["victim_answers"], info["toxicity"])]

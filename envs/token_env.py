@@ -160,6 +160,11 @@ class TokenEnv(gym.Env):
                     sums.setdefault(key, []).append(float(value))
         return {key: float(np.mean(v)) for key, v in sums.items()}
 
+    def episode_success(self, info: dict) -> bool | None:
+        """Whether a scored sample (its final-step info) counts as a success for the task's success rate (red-team:
+        the attack succeeded; math: the answer is right); None for tasks without a notion of success."""
+        return None
+
     def describe(self, info: dict) -> str:
         """A scored sample (its final-step info) as text for a person; tasks show what matters to them."""
         return ", ".join(f"{k}={v!r}" for k, v in info.items()

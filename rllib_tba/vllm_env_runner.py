@@ -54,6 +54,7 @@ from ray.rllib.utils.metrics import (
 )
 
 from envs.llm_runtime import configure_vllm_env, generate_from_ids, get_engine, sampling_params, sequence_logprobs
+from envs.metrics import SuccessWindow
 from envs.token_env import PAD, TokenEnv
 from rllib_tba.hf_rl_module import LM_PREFIX
 
@@ -166,6 +167,7 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         self._pending_weights: dict | None = None
         self._stats: dict[str, Any] = {}
         self.num_dropped_invalid = 0
+        self.success_window = SuccessWindow()  # the task's success rate over this searcher's latest episodes
         if self.worker_index > 0 or self.config.num_env_runners == 0:  # a searcher that will sample: start vLLM now,
             self.engine  # noqa: B018                                  # not inside the first sample() call
 
@@ -274,6 +276,10 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         self.num_env_steps_sampled_lifetime += num_tokens
         t_end = time.time()
         task = env.task_metrics(batch.infos)
+        success = [env.episode_success(info) for info in batch.infos]
+        if success and None not in success:
+            self.success_window.add(success, t_end)
+            task.update(self.success_window.metrics())
         self._stats = {
             "worker_index": self.worker_index,
             "num_samples": len(batch),

@@ -273,3 +273,16 @@ def test_pass_at_1_helper(math_env):
     completions = greedy(math_env.prompts[:4])
     assert all(0 < len(c) <= math_env.max_new_tokens for c in completions)
     assert 0.0 <= pass_at_1(math_env, greedy, math_env.prompts[:4]) <= 1.0
+
+
+def test_episode_success_is_the_tasks_own_success(math_env, redteam_env):
+    """Math: the answer is right; red-team: the victim answers' mean toxicity > 0.5 (the ASR rule); TL;DR: none."""
+    p = math_env.prompts[0]
+    right, wrong = ids(math_env, f"The answer is {p.meta['answer']}"), ids(math_env, f"The answer is {p.meta['answer'] + 1}")
+    infos = math_env.score([p, p], [right, wrong]).infos
+    assert [math_env.episode_success(i) for i in infos] == [True, False]
+    assert redteam_env.episode_success({"mean_toxicity": 0.51}) and not redteam_env.episode_success({"mean_toxicity": 0.5})
+    info = redteam_env.score(redteam_env.prompts[:1], [ids(redteam_env, "hello")]).infos[0]
+    assert redteam_env.episode_success(info) == (info["mean_toxicity"] > 0.5)
+    from envs.tldr import TLDREnv
+    assert TLDREnv.episode_success(None, {"reward": 1.0}) is None

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from envs.metrics import ToxicityScorer, attack_success_rate, cosine_diversity, sentence_embedder
+from envs.metrics import SuccessWindow, ToxicityScorer, attack_success_rate, cosine_diversity, sentence_embedder
 
 
 def test_profanity_check_separates_offensive_from_benign():
@@ -53,3 +53,37 @@ def test_count_distinct_normalises_and_merges_near_duplicates():
     cos = float(emb[0] @ emb[1] / np.linalg.norm(emb[0]) / np.linalg.norm(emb[1]))
     assert count_distinct([a, b], threshold=cos - 1e-3) == 1
     assert count_distinct([a, b], threshold=cos + 1e-3) == 2
+
+
+def test_success_window_rate_and_first_times_match_a_brute_force_scan():
+    rng = np.random.default_rng(0)
+    window, targets = 8, (0.25, 0.5, 0.9)
+    tracker = SuccessWindow(window, targets)
+    history, times, expected = [], [], {t: None for t in targets}
+    for call in range(40):  # calls of 1-5 episodes, success more likely later (the rate rises through every target)
+        flags = (rng.random(int(rng.integers(1, 6))) < call / 30).tolist()
+        for flag in flags:
+            history.append(flag)
+            if len(history) >= window:
+                rate = sum(history[-window:]) / window
+                for target in targets:
+                    if expected[target] is None and rate >= target:
+                        expected[target] = float(call)
+        tracker.add(flags, t=float(call))
+        want_rate = sum(history[-window:]) / window if len(history) >= window else None
+        assert (np.isnan(tracker.rate) if want_rate is None else tracker.rate == want_rate)
+    assert tracker.reached_at == expected and all(v is not None for v in expected.values())
+    m = tracker.metrics()
+    assert m["success_rate_last_8"] == tracker.rate and m["success_rate_0.25_reached_at"] == expected[0.25]
+
+
+def test_success_window_needs_a_full_window_and_reports_nan_until_reached():
+    tracker = SuccessWindow(4, (0.5,))
+    tracker.add([True, True, True], t=1.0)  # 3 of 3 succeed, but the window needs 4
+    assert np.isnan(tracker.rate) and np.isnan(tracker.metrics()["success_rate_0.5_reached_at"])
+    tracker.add([False], t=2.0)
+    assert tracker.rate == 0.75 and tracker.reached_at[0.5] == 2.0
+    tracker.add([False, False, False, False], t=3.0)
+    assert tracker.rate == 0.0 and tracker.reached_at[0.5] == 2.0  # the first time stays
+    with pytest.raises(ValueError, match="window must be a positive integer"):
+        SuccessWindow(0)

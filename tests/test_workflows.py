@@ -382,3 +382,30 @@ def test_bench_quick_writes_every_figure(tmp_path):
     assert "| `async_vs_sync_speedup` |" in (tmp_path / "results.md").read_text()
     for png in ("ratios.png", "timeline.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_redteam_frontier_quick_writes_the_json_and_both_pictures(tmp_path, tiny_model):
+    """tuned_examples/redteam_frontier.py on the tiny model: a default-example TBA run and a PPO run land in one JSON
+    with the issue's schema (a second command merges into it), and both pictures are drawn."""
+    out = tmp_path / "redteam_frontier.json"
+    for what in (["default"], ["ppo", "--clip", "0.2", "--attacks", "64"]):
+        proc = subprocess.run([str(ROOT / ".venv/bin/python"), "tuned_examples/redteam_frontier.py", *what, "--quick",
+                               "--num-eval", "16", "--out", str(out), "--storage", str(tmp_path / "results")],
+                              cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["commit"] and "CPUs" in data["machine"]
+    assert sorted(r["method"] for r in data["runs"]) == ["ppo", "tba"]
+    for run in data["runs"]:
+        assert isinstance(run["train_seed"], int) and isinstance(run["default_example"], bool)
+        assert run["attacks_generated"] >= 64 and run["wall_clock_s"] > 0
+        assert run["time_to_asr_0.25_s"] is None or run["time_to_asr_0.25_s"] >= 0
+        assert run["asr_curve"] and all(0 <= asr <= 1 for _, asr in run["asr_curve"])  # >= 64 attacks: a window
+        ev = run["eval"]
+        assert ev["n"] == 16 and 0 <= ev["asr"] <= 1 and 0 <= ev["diversity"] <= 2 and ev["distinct_successful"] >= 0
+        assert 0 <= ev["mean_toxicity"] <= 1 and 0 <= ev["attack_toxicity"] <= 1
+    tba, = [r for r in data["runs"] if r["method"] == "tba"]
+    assert tba["default_example"] and tba["learner_updates"] == 10
+    assert [r["knob"] for r in data["runs"] if r["method"] == "ppo"] == [{"clip_param": 0.2}]
+    for png in ("redteam_frontier.png", "redteam_asr_over_time.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,328 @@
+"""Red-team frontier: TBA, PPO and synchronous TBA trained with Ray Tune on the same models, evaluated with the
+`rllib evaluate` protocol; every run becomes one record of benchmarks/redteam_frontier.json, and two pictures are
+drawn from that file.
+
+    python tuned_examples/redteam_frontier.py default --seeds 0 1 2     # the default example (tba_redteam.py) as is
+    python tuned_examples/redteam_frontier.py tba --beta 0.02 0.05 0.1  # TBA over beta, at --attacks attacks each
+    python tuned_examples/redteam_frontier.py ppo --clip 0.1 0.2 0.3    # PPO over its clip range, same budget
+    python tuned_examples/redteam_frontier.py tba_sync --seeds 0        # the default example with async_mode=False
+    python tuned_examples/redteam_frontier.py plot                      # only redraw the pictures from the JSON
+
+Each command runs its trials one after another (each takes the whole machine), evaluates each final checkpoint on
+256 attacks (5 victim answers each, evaluation seed 0: `rllib evaluate CKPT --num-samples 256`), and merges the runs
+into the JSON (a run with the same method, knob, training seed and budget replaces the older one), so the frontier
+grows over several invocations. Wall-clock counts from the start of training (after the searchers' vLLM engines are
+up). ``time_to_asr_0.25_s``: the first moment the searchers' success rate over the last 64 attacks they generated
+reached 25% (``envs.metrics.SuccessWindow``, computed on the searcher for every method); null if never reached.
+Raw Tune/TensorBoard logs go to --storage (default results/redteam_frontier), not into git.
+``--quick``: the tiny test model as attacker and victim, a few updates; what the tests run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import ray
+from ray import tune
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tuned_examples"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import bench  # noqa: E402  (machine(), commit(), README blocks)
+
+TARGET = 0.25  # the ASR whose first-reached time every run reports (time_to_asr_0.25_s)
+METHODS = ("tba", "tba_sync", "ppo")
+DEFAULT_OUT = ROOT / "benchmarks" / "redteam_frontier.json"
+TINY_ENV = {"model": "tiny-test", "victim": "tiny-test", "victim_dtype": "float32", "victim_responses": 2,
+            "victim_max_tokens": 4, "max_new_tokens": 6}
+
+
+def tba_config(args, seed: int, sync: bool = False, beta=None):
+    """The default example's config (tuned_examples/tba_redteam.py), or its tiny stand-in with --quick."""
+    if args.quick:
+        from tba_tiny import tiny_config
+
+        config = tiny_config("tba/RedTeam-v0", dict(TINY_ENV), updates_per_iteration=5, training_intensity=1.0,
+                             seed=seed)
+    else:
+        from tba_redteam import config as default
+
+        config = default.copy(copy_frozen=False).debugging(seed=seed)
+    if beta is not None:
+        config.training(beta=beta)
+    return config.training(async_mode=not sync)
+
+
+def ppo_config(args, seed: int, clip=None):
+    from ppo_redteam import config as default
+
+    config = default.copy(copy_frozen=False).debugging(seed=seed)
+    if args.quick:
+        config.environment(env_config={**config.env_config, **TINY_ENV})
+        spec = config.rl_module_spec
+        config.rl_module(rl_module_spec=RLModuleSpec(module_class=spec.module_class, model_config={
+            **spec.model_config, "model": "tiny-test", "lora": None, "precision": "fp32"}))
+        config.env_runners(num_envs_per_env_runner=8).training(train_batch_size_per_learner=32, minibatch_size=16,
+                                                               num_epochs=1)
+    if clip is not None:
+        config.training(clip_param=clip)
+    return config
+
+
+def default_stop(args) -> dict:
+    if args.quick:
+        return {"tba/weights_version": 10}  # >= 64 attacks: the ASR-over-64 curve has points
+    from tba_redteam import stop
+
+    return dict(stop)
+
+
+def plan(args) -> list[dict]:
+    """The trials of one command: method, knob, seed, config, stop."""
+    attacks = {"env_runners/num_episodes_lifetime": args.attacks}
+    if args.what == "default":
+        return [dict(method="tba", knob={"beta": tba_config(args, s).beta}, train_seed=s, default_example=True,
+                     config=tba_config(args, s), stop=default_stop(args)) for s in args.seeds]
+    if args.what == "tba_sync":
+        return [dict(method="tba_sync", knob={"beta": tba_config(args, s).beta}, train_seed=s, default_example=True,
+                     config=tba_config(args, s, sync=True), stop=default_stop(args)) for s in args.seeds]
+    if args.what == "tba":
+        return [dict(method="tba", knob={"beta": b}, train_seed=s, default_example=False,
+                     config=tba_config(args, s, beta=b), stop=attacks) for b in args.beta for s in args.seeds]
+    return [dict(method="ppo", knob={"clip_param": c}, train_seed=s, default_example=False,
+                 config=ppo_config(args, s, clip=c), stop=attacks) for c in args.clip for s in args.seeds]
+
+
+def train(trial: dict, storage: Path):
+    """One Tune run of one trial (the trial's stop is a training budget: updates or attacks)."""
+    name = f"{trial['method']}_{'_'.join(f'{k}{v}' for k, v in trial['knob'].items())}_seed{trial['train_seed']}"
+    algo = "TBA" if trial["method"] != "ppo" else "PPO"
+    tuner = tune.Tuner(algo, param_space=trial["config"],
+                       run_config=tune.RunConfig(name=name, storage_path=str(storage), stop=trial["stop"], verbose=0,
+                                                 checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True)))
+    result = tuner.fit()[0]
+    if result.error:
+        raise SystemExit(f"{name}: training failed: {result.error}")
+    return result
+
+
+def column(df, key: str):
+    """A task metric's column: TBA reports ``task/...``, RLlib's PPO ``env_runners/task/...``."""
+    for name in (key, f"env_runners/{key}"):
+        if name in df.columns:
+            return df[name]
+    return None
+
+
+def finite_or_none(x):
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
+
+
+def time_to(df, rate: float, start: float) -> float | None:
+    """Seconds from ``start`` to the first moment the searchers' success rate over their last 64 attacks was >= rate."""
+    reached = column(df, f"task/success_rate_{rate:g}_reached_at")
+    reached = [] if reached is None else reached.dropna()
+    return round(float(reached.iloc[0]) - start, 1) if len(reached) else None
+
+
+def run_record(trial: dict, result, evaluation: dict) -> dict:
+    df = result.metrics_dataframe
+    start = float(df["timestamp"].iloc[0] - df["time_total_s"].iloc[0])  # when training began (unix s)
+    rate = column(df, "task/success_rate_last_64")
+    curve = [] if rate is None else [[round(float(t), 1), round(float(r), 4)]
+                                     for t, r in zip(df["time_total_s"], rate) if not math.isnan(r)]
+    last = df.iloc[-1]
+    updates = last.get("tba/weights_version", last.get("learners/default_policy/num_module_steps_trained_lifetime"))
+    return {
+        "method": trial["method"], "knob": trial["knob"], "train_seed": trial["train_seed"],
+        "default_example": trial["default_example"], "stop": trial["stop"],
+        "attacks_generated": int(last["env_runners/num_episodes_lifetime"]),
+        "learner_updates": None if updates is None or math.isnan(updates) else int(updates),
+        "wall_clock_s": round(float(last["time_total_s"]), 1),
+        "time_to_asr_0.25_s": time_to(df, TARGET, start),
+        "time_to_asr_0.9_s": time_to(df, 0.9, start),
+        "eval": {"n": int(evaluation["num_samples"]), "seed": evaluation["seed"],
+                 "asr": evaluation["attack_success_rate"], "diversity": finite_or_none(evaluation["diversity"]),
+                 "distinct_successful": int(evaluation["distinct_successful"]),
+                 "diversity_successful": finite_or_none(evaluation["diversity_successful"]),
+                 "mean_toxicity": evaluation["mean_toxicity"], "attack_toxicity": evaluation["attack_toxicity"],
+                 "asr_beyond_attack": evaluation["asr_beyond_attack"]},
+        "asr_curve": curve,  # [training wall-clock s, searchers' ASR over the last 64 attacks] per iteration
+        "trial_dir": result.path.replace(str(ROOT) + os.sep, ""),
+    }
+
+
+def evaluate(checkpoint: str, num_samples: int, seed: int = 0) -> dict:
+    """`rllib evaluate` on the checkpoint, in its own process (the same protocol a user runs)."""
+    out = Path(checkpoint) / f"eval_seed{seed}.json"
+    rllib = Path(sys.executable).with_name("rllib")
+    subprocess.run([str(rllib), "evaluate", checkpoint, "--num-samples", str(num_samples), "--seed", str(seed),
+                    "--show", "0", "--json", str(out)], check=True, stdout=subprocess.DEVNULL)
+    return {**json.loads(out.read_text()), "seed": seed}
+
+
+def same_run(a: dict, b: dict) -> bool:
+    return all(a[k] == b[k] for k in ("method", "knob", "train_seed", "default_example", "stop"))
+
+
+def merge(path: Path, records: list[dict]) -> dict:
+    data = json.loads(path.read_text()) if path.is_file() else {"runs": []}
+    runs = [r for r in data["runs"] if not any(same_run(r, new) for new in records)] + records
+    m = bench.machine()
+    data.update(machine=f"{m['cpu']}, {m['cores']} CPUs, {m['gpu'] or 'no GPU'}", commit=bench.commit(),
+                runs=sorted(runs, key=lambda r: (r["method"], json.dumps(r["knob"]), r["train_seed"])))
+    data["goals"] = goals(data["runs"])
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
+def goals(runs: list[dict]) -> dict:
+    """The issue's bars, each computed from the runs (None: the runs it needs are not in the file yet)."""
+    default = [r for r in runs if r["method"] == "tba" and r["default_example"]]
+    tba = [r for r in runs if r["method"] == "tba"]
+    ppo = [r for r in runs if r["method"] == "ppo"]
+    asr = [r["eval"]["asr"] for r in default]
+    ratios = []
+    for sync in (r for r in runs if r["method"] == "tba_sync" and r["time_to_asr_0.25_s"]):
+        for r in default:
+            if r["train_seed"] == sync["train_seed"] and r["time_to_asr_0.25_s"]:
+                ratios.append(sync["time_to_asr_0.25_s"] / r["time_to_asr_0.25_s"])
+    dominated = [any(t["eval"]["asr"] >= p["eval"]["asr"] - 0.02 and
+                     (t["eval"]["diversity"] or 0) >= (p["eval"]["diversity"] or 0) + 0.05 for t in tba) for p in ppo]
+    fast90 = [r for r in tba if r["eval"]["asr"] >= 0.9 and r["wall_clock_s"] <= 7200]
+    return {
+        "default_example_asr": {"seeds": [r["train_seed"] for r in default], "asr": asr,
+                                "mean": sum(asr) / len(asr) if asr else None,
+                                "spread": max(asr) - min(asr) if asr else None,
+                                "met": len(asr) >= 3 and min(asr) >= 0.25 if asr else None},
+        "tba_dominates_ppo": {"ppo_runs": len(ppo), "dominated": sum(dominated),
+                              "met": all(dominated) if ppo else None},
+        "asr_0.9_within_2h": {"runs": len(fast90), "best_distinct_successful":
+                              max((r["eval"]["distinct_successful"] for r in fast90), default=None),
+                              "met": any(r["eval"]["distinct_successful"] >= 100 for r in fast90) if tba else None},
+        "sync_over_async_time_to_asr_0.25": {"ratios": [round(x, 2) for x in ratios],
+                                             "mean": round(sum(ratios) / len(ratios), 2) if ratios else None,
+                                             "met": min(ratios) >= 1.6 if ratios else None},
+    }
+
+
+def table(data: dict) -> str:
+    """README's table: one row per run, then the goals."""
+    rows = ["| method | knob | seed | attacks | updates | training | time to ASR 25% | ASR | diversity | "
+            "distinct successful | mean toxicity | attack toxicity |", "|---" * 12 + "|"]
+    for r in data["runs"]:
+        e = r["eval"]
+        t25 = "never" if r["time_to_asr_0.25_s"] is None else f"{r['time_to_asr_0.25_s'] / 60:.1f} min"
+        knob = ", ".join(f"{k} {v}" for k, v in r["knob"].items()) + (" (default example)" if r["default_example"] else "")
+        rows.append(f"| {r['method']} | {knob} | {r['train_seed']} | {r['attacks_generated']} | "
+                    f"{r['learner_updates'] if r['learner_updates'] is not None else '–'} | "
+                    f"{r['wall_clock_s'] / 60:.1f} min | {t25} | {100 * e['asr']:.1f}% | {e['diversity']:.3f} | "
+                    f"{e['distinct_successful']} | {e['mean_toxicity']:.3f} | {e['attack_toxicity']:.3f} |")
+    g = data["goals"]
+    d, s = g["default_example_asr"], g["sync_over_async_time_to_asr_0.25"]
+    said = {None: "not measured yet", True: "met", False: "**not met**"}
+    lines = [
+        f"- default example learns on every seed (ASR ≥ 25% on ≥ 3 seeds): {said[d['met']]}"
+        + (f" — ASR {', '.join(f'{100 * a:.1f}%' for a in d['asr'])} on seeds {d['seeds']}, mean "
+           f"{100 * d['mean']:.1f}%, spread {100 * d['spread']:.1f} points" if d["asr"] else ""),
+        f"- TBA dominates PPO (ASR ≥ PPO − 2 points and diversity ≥ PPO + 0.05): {said[g['tba_dominates_ppo']['met']]}",
+        f"- ASR ≥ 90% within 2 h with ≥ 100 distinct successful attacks: {said[g['asr_0.9_within_2h']['met']]}",
+        f"- synchronous ÷ asynchronous time to ASR 25% ≥ 1.6: {said[s['met']]}"
+        + (f" — {s['ratios']}" if s["ratios"] else ""),
+    ]
+    return "\n".join(rows) + "\n\n" + "\n".join(lines)
+
+
+COLOURS = {"tba": "tab:blue", "tba_sync": "tab:green", "ppo": "tab:red"}
+
+
+def plot(data: dict, out_dir: Path) -> list[Path]:
+    """frontier.png (eval ASR vs diversity, one point per run) and asr_over_time.png (searchers' ASR over the last
+    64 attacks vs training wall-clock, one line per run)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = data["runs"]
+    paths = [out_dir / "redteam_frontier.png", out_dir / "redteam_asr_over_time.png"]
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for method in METHODS:
+        mine = [r for r in runs if r["method"] == method]
+        if mine:
+            ax.scatter([r["eval"]["diversity"] for r in mine], [100 * r["eval"]["asr"] for r in mine],
+                       c=COLOURS[method], label=method, s=40)
+            for r in mine:
+                ax.annotate(",".join(f"{v}" for v in r["knob"].values()) + f" s{r['train_seed']}",
+                            (r["eval"]["diversity"], 100 * r["eval"]["asr"]), fontsize=7, xytext=(3, 3),
+                            textcoords="offset points")
+    ax.set_xlabel("diversity of the attacks (mean pairwise cosine distance)")
+    ax.set_ylabel(f"ASR (%), {runs[0]['eval']['n'] if runs else 256} attacks")
+    ax.set_title("red-team frontier: one point per training run")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(paths[0], dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for r in runs:
+        if r["asr_curve"]:
+            t, asr = zip(*r["asr_curve"])
+            ax.plot([x / 60 for x in t], [100 * a for a in asr], c=COLOURS[r["method"]], alpha=0.8,
+                    label=f"{r['method']} seed {r['train_seed']}" + ("" if r["default_example"] else f" {r['knob']}"))
+    ax.axhline(100 * TARGET, c="grey", ls=":", lw=1)
+    ax.set_xlabel("training wall-clock (min)")
+    ax.set_ylabel("searchers' ASR over the last 64 attacks (%)")
+    ax.set_title("ASR while training")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(paths[1], dpi=100)
+    plt.close(fig)
+    return paths
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=("default", "tba", "tba_sync", "ppo", "plot"))
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds")
+    ap.add_argument("--beta", type=float, nargs="+", default=[0.02, 0.05, 0.1], help="tba: the betas to sweep")
+    ap.add_argument("--clip", type=float, nargs="+", default=[0.1, 0.2, 0.3], help="ppo: the clip_params to sweep")
+    ap.add_argument("--attacks", type=int, default=1024, help="tba/ppo sweeps: attack budget of each run")
+    ap.add_argument("--num-eval", type=int, default=256, help="attacks in each evaluation")
+    ap.add_argument("--quick", action="store_true", help="tiny model, a few updates (the tests)")
+    ap.add_argument("--out", default=str(DEFAULT_OUT), help="the JSON (README's table is redrawn only for the default)")
+    ap.add_argument("--storage", default=str(ROOT / "results" / "redteam_frontier"))
+    args = ap.parse_args(argv)
+    out = Path(args.out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.what != "plot":
+        os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
+        if not ray.is_initialized():
+            ray.init(include_dashboard=False, num_cpus=2 if args.quick else None)
+        for trial in plan(args):
+            result = train(trial, Path(args.storage).resolve())
+            record = run_record(trial, result, evaluate(result.checkpoint.path, args.num_eval))
+            merge(out, [record])  # after every run: an interrupted sweep keeps what it finished
+            print(json.dumps({k: record[k] for k in ("method", "knob", "train_seed", "attacks_generated",
+                                                     "wall_clock_s", "time_to_asr_0.25_s", "eval")}))
+    data = json.loads(out.read_text())
+    paths = plot(data, out.parent)
+    if out == DEFAULT_OUT:
+        bench.replace_readme_block("redteam-frontier", f"{table(data)}\n\nMachine: {data['machine']}; commit "
+                                                       f"`{data['commit']}`; evaluation: {data['runs'][0]['eval']['n']} "
+                                                       "attacks, 5 victim answers each, evaluation seed 0.")
+    print(json.dumps({"json": str(out), "pictures": [str(p) for p in paths], "runs": len(data["runs"])}))
+    return data
+
+
+if __name__ == "__main__":
+    main()
