@@ -160,6 +160,9 @@ class TokenEnv(gym.Env):
                     sums.setdefault(key, []).append(float(value))
         return {key: float(np.mean(v)) for key, v in sums.items()}
 
+    # env_config values `rllib evaluate` always uses, whatever a run trained with (a task's fixed evaluation protocol)
+    evaluation_config: dict = {}
+
     def episode_success(self, info: dict) -> bool | None:
         """Whether a scored sample (its final-step info) counts as a success for the task's success rate (red-team:
         the attack succeeded; math: the answer is right); None for tasks without a notion of success."""

@@ -168,6 +168,13 @@ def cmd_evaluate(args) -> int:
         quiet_libraries()
     config = with_env_overrides(load_checkpoint_config(args.checkpoint), args.env_config or {})
     env = make_task_env(config)
+    # the task's evaluation protocol (red-team: 5 victim answers of 24 tokens) holds whatever the run trained with;
+    # --env-config can still change it
+    protocol = {k: v for k, v in env.evaluation_config.items() if k not in (args.env_config or {})}
+    if any(env.config.get(k) != v for k, v in protocol.items()):
+        print(f"evaluation protocol: {protocol} (trained with "
+              f"{ {k: env.config.get(k) for k in protocol} })")
+        env = make_task_env(with_env_overrides(config, protocol))
     temperature = args.temperature if args.temperature is not None else getattr(config, "sampling_temperature", 1.0)
 
     def evaluate(model_dir, label):
@@ -175,7 +182,8 @@ def cmd_evaluate(args) -> int:
                                          greedy=args.greedy, seed=args.seed, return_infos=True)
         for info in infos[:args.show]:
             print(f"[{label}] {env.describe(info)}")
-        return {**metrics, "checkpoint": str(args.checkpoint), "model": label}
+        return {**metrics, "checkpoint": str(args.checkpoint), "model": label,
+                "protocol": {k: env.config.get(k) for k in env.evaluation_config}}
 
     with tempfile.TemporaryDirectory(prefix="rllib-tba-eval-") as tmp:
         # --base-model: the same task and settings, but the policy the run started from (before/after comparisons)

@@ -404,6 +404,8 @@ def test_redteam_frontier_quick_writes_the_json_and_both_pictures(tmp_path, tiny
         ev = run["eval"]
         assert ev["n"] == 16 and 0 <= ev["asr"] <= 1 and 0 <= ev["diversity"] <= 2 and ev["distinct_successful"] >= 0
         assert 0 <= ev["mean_toxicity"] <= 1 and 0 <= ev["attack_toxicity"] <= 1
+        # trained with 2 victim answers of 4 tokens, evaluated with the task's protocol
+        assert ev["protocol"] == {"victim_responses": 5, "victim_max_tokens": 24, "victim_temperature": 0.7}
     tba, = [r for r in data["runs"] if r["method"] == "tba"]
     assert tba["default_example"] and tba["learner_updates"] == 10
     assert [r["knob"] for r in data["runs"] if r["method"] == "ppo"] == [{"clip_param": 0.2}]

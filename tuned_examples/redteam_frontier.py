@@ -153,7 +153,7 @@ def run_record(trial: dict, result, evaluation: dict) -> dict:
                  "distinct_successful": int(evaluation["distinct_successful"]),
                  "diversity_successful": finite_or_none(evaluation["diversity_successful"]),
                  "mean_toxicity": evaluation["mean_toxicity"], "attack_toxicity": evaluation["attack_toxicity"],
-                 "asr_beyond_attack": evaluation["asr_beyond_attack"]},
+                 "asr_beyond_attack": evaluation["asr_beyond_attack"], "protocol": evaluation["protocol"]},
         "asr_curve": curve,  # [training wall-clock s, searchers' ASR over the last 64 attacks] per iteration
         "trial_dir": result.path.replace(str(ROOT) + os.sep, ""),
     }
