@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from collections import deque
 from pathlib import Path
 
@@ -527,7 +528,10 @@ class TBA(Algorithm):
             values[("searchers", "per_searcher", str(who), "arrival_staleness_mean")] = \
                 mine["staleness_sum"] / mine["calls"]
         for key in recent[-1].get("task", {}):
-            values[("task", key)] = float(np.nanmean([x["task"].get(key, np.nan) for x in recent]))
+            reduce = np.nanmin if key.endswith("_reached_at") else np.nanmean  # the first searcher to reach a rate
+            with warnings.catch_warnings():  # all-NaN (not reached yet) is a valid answer
+                warnings.simplefilter("ignore", RuntimeWarning)
+                values[("task", key)] = float(reduce([x["task"].get(key, np.nan) for x in recent]))
         self.metrics.log_dict(values, window=1)
 
     @staticmethod
