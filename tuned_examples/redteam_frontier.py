@@ -6,6 +6,7 @@ drawn from that file.
     python tuned_examples/redteam_frontier.py tba --beta 0.02 0.05 0.1  # TBA over beta, at --attacks attacks each
     python tuned_examples/redteam_frontier.py ppo --clip 0.1 0.2 0.3    # PPO over its clip range, same budget
     python tuned_examples/redteam_frontier.py tba_sync --seeds 0        # the default example with async_mode=False
+    python tuned_examples/redteam_frontier.py default tba_sync --seeds 0 --until-target   # time to ASR 25%, both modes
     python tuned_examples/redteam_frontier.py plot                      # only redraw the pictures from the JSON
 
 Each command runs its trials one after another (each takes the whole machine), evaluates each final checkpoint on
@@ -15,6 +16,9 @@ grows over several invocations. Wall-clock counts from the start of training (af
 up). ``time_to_asr_0.25_s``: the first moment the searchers' success rate over the last 64 attacks they generated
 reached 25% (``envs.metrics.SuccessWindow``, computed on the searcher for every method); null if never reached.
 Raw Tune/TensorBoard logs go to --storage (default results/redteam_frontier), not into git.
+``--until-target``: instead of the default example's budget, stop at the iteration in which the searchers' ASR over
+their last 64 attacks first reached 25% (or at --max-updates learner updates): the time-to-target pair of asynchronous
+and synchronous TBA, both measured the same way (``goals()`` pairs runs with the same seed, knob and stop).
 ``--quick``: the tiny test model as attacker and victim, a few updates; what the tests run.
 """
 
@@ -77,6 +81,10 @@ def ppo_config(args, seed: int, clip=None):
 
 
 def default_stop(args) -> dict:
+    if args.until_target:
+        # Tune stops a trial when any value reaches its bound; the reached-at time is NaN until the searchers' ASR
+        # over their last 64 attacks first reaches the target, then a unix time (>= 0)
+        return {f"task/success_rate_{TARGET:g}_reached_at": 0, "tba/weights_version": args.max_updates}
     if args.quick:
         return {"tba/weights_version": 10}  # >= 64 attacks: the ASR-over-64 curve has points
     from tba_redteam import stop
@@ -85,24 +93,32 @@ def default_stop(args) -> dict:
 
 
 def plan(args) -> list[dict]:
-    """The trials of one command: method, knob, seed, config, stop."""
+    """The trials of one command, in order (seed by seed, so a pair of modes runs side by side): method, knob, seed,
+    config, stop."""
     attacks = {"env_runners/num_episodes_lifetime": args.attacks}
-    if args.what == "default":
-        return [dict(method="tba", knob={"beta": tba_config(args, s).beta}, train_seed=s, default_example=True,
-                     config=tba_config(args, s), stop=default_stop(args)) for s in args.seeds]
-    if args.what == "tba_sync":
-        return [dict(method="tba_sync", knob={"beta": tba_config(args, s).beta}, train_seed=s, default_example=True,
-                     config=tba_config(args, s, sync=True), stop=default_stop(args)) for s in args.seeds]
-    if args.what == "tba":
-        return [dict(method="tba", knob={"beta": b}, train_seed=s, default_example=False,
-                     config=tba_config(args, s, beta=b), stop=attacks) for b in args.beta for s in args.seeds]
-    return [dict(method="ppo", knob={"clip_param": c}, train_seed=s, default_example=False,
-                 config=ppo_config(args, s, clip=c), stop=attacks) for c in args.clip for s in args.seeds]
+    default = not args.until_target  # the default example as is: its own budget
+    trials = []
+    for s in args.seeds:
+        for what in args.what:
+            if what in ("default", "tba_sync"):
+                method, sync = ("tba", False) if what == "default" else ("tba_sync", True)
+                trials.append(dict(method=method, knob={"beta": tba_config(args, s).beta}, train_seed=s,
+                                   default_example=default, config=tba_config(args, s, sync=sync),
+                                   stop=default_stop(args)))
+            elif what == "tba":
+                trials += [dict(method="tba", knob={"beta": b}, train_seed=s, default_example=False,
+                                config=tba_config(args, s, beta=b), stop=attacks) for b in args.beta]
+            else:
+                trials += [dict(method="ppo", knob={"clip_param": c}, train_seed=s, default_example=False,
+                                config=ppo_config(args, s, clip=c), stop=attacks) for c in args.clip]
+    return trials
 
 
 def train(trial: dict, storage: Path):
     """One Tune run of one trial (the trial's stop is a training budget: updates or attacks)."""
     name = f"{trial['method']}_{'_'.join(f'{k}{v}' for k, v in trial['knob'].items())}_seed{trial['train_seed']}"
+    if any(key.endswith("_reached_at") for key in trial["stop"]):
+        name += "_until_target"
     algo = "TBA" if trial["method"] != "ppo" else "PPO"
     tuner = tune.Tuner(algo, param_space=trial["config"],
                        run_config=tune.RunConfig(name=name, storage_path=str(storage), stop=trial["stop"], verbose=0,
@@ -142,7 +158,7 @@ def run_record(trial: dict, result, evaluation: dict) -> dict:
     updates = last.get("tba/weights_version", last.get("learners/default_policy/num_module_steps_trained_lifetime"))
     return {
         "method": trial["method"], "knob": trial["knob"], "train_seed": trial["train_seed"],
-        "default_example": trial["default_example"], "stop": trial["stop"],
+        "default_example": trial["default_example"], "stop": trial["stop"], "commit": bench.commit(),
         "attacks_generated": int(last["env_runners/num_episodes_lifetime"]),
         "learner_updates": None if updates is None or math.isnan(updates) else int(updates),
         "wall_clock_s": round(float(last["time_total_s"]), 1),
@@ -189,10 +205,10 @@ def goals(runs: list[dict]) -> dict:
     tba = [r for r in runs if r["method"] == "tba"]
     ppo = [r for r in runs if r["method"] == "ppo"]
     asr = [r["eval"]["asr"] for r in default]
-    ratios = []
+    ratios = []  # each synchronous run against the asynchronous one of the same seed, knob and stop
     for sync in (r for r in runs if r["method"] == "tba_sync" and r["time_to_asr_0.25_s"]):
-        for r in default:
-            if r["train_seed"] == sync["train_seed"] and r["time_to_asr_0.25_s"]:
+        for r in tba:
+            if all(r[k] == sync[k] for k in ("train_seed", "knob", "stop")) and r["time_to_asr_0.25_s"]:
                 ratios.append(sync["time_to_asr_0.25_s"] / r["time_to_asr_0.25_s"])
     dominated = [any(t["eval"]["asr"] >= p["eval"]["asr"] - 0.02 and
                      (t["eval"]["diversity"] or 0) >= (p["eval"]["diversity"] or 0) + 0.05 for t in tba) for p in ppo]
@@ -292,19 +308,26 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("default", "tba", "tba_sync", "ppo", "plot"))
+    ap.add_argument("what", nargs="+", choices=("default", "tba", "tba_sync", "ppo", "plot"),
+                    help="what to run (several: seed by seed, in the order given)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds")
     ap.add_argument("--beta", type=float, nargs="+", default=[0.02, 0.05, 0.1], help="tba: the betas to sweep")
     ap.add_argument("--clip", type=float, nargs="+", default=[0.1, 0.2, 0.3], help="ppo: the clip_params to sweep")
     ap.add_argument("--attacks", type=int, default=1024, help="tba/ppo sweeps: attack budget of each run")
     ap.add_argument("--num-eval", type=int, default=256, help="attacks in each evaluation")
+    ap.add_argument("--until-target", action="store_true",
+                    help="default/tba_sync: stop when the searchers' ASR over 64 attacks reaches 25%%, not on the "
+                         "default example's budget")
+    ap.add_argument("--max-updates", type=int, default=400, help="--until-target: give up after this many updates")
     ap.add_argument("--quick", action="store_true", help="tiny model, a few updates (the tests)")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="the JSON (README's table is redrawn only for the default)")
     ap.add_argument("--storage", default=str(ROOT / "results" / "redteam_frontier"))
     args = ap.parse_args(argv)
     out = Path(args.out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
-    if args.what != "plot":
+    if "plot" in args.what and len(args.what) > 1:
+        ap.error("plot only redraws the pictures: give it alone")
+    if args.what != ["plot"]:
         os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
         if not ray.is_initialized():
             ray.init(include_dashboard=False, num_cpus=2 if args.quick else None)

@@ -1,0 +1,79 @@
+"""The red-team frontier's goal bars (tuned_examples/redteam_frontier.py ``goals``) on hand-made run records:
+each bar is computed from the records the way the issue states it, with answers worked out by hand."""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tuned_examples"))
+
+import redteam_frontier as frontier  # noqa: E402
+
+DEFAULT_STOP = {"tba/weights_version": 120}
+TARGET_STOP = {"task/success_rate_0.25_reached_at": 0, "tba/weights_version": 400}
+
+
+def run(method, seed, asr, diversity, *, default=False, stop=DEFAULT_STOP, knob=None, t25=None, wall=600.0,
+        distinct=10):
+    return {"method": method, "knob": knob or {"beta": 0.05}, "train_seed": seed, "default_example": default,
+            "stop": stop, "wall_clock_s": wall, "time_to_asr_0.25_s": t25,
+            "eval": {"asr": asr, "diversity": diversity, "distinct_successful": distinct}}
+
+
+def test_default_example_bar_needs_three_seeds_each_at_least_25_percent():
+    runs = [run("tba", 0, 0.39, 0.57, default=True), run("tba", 1, 0.30, 0.6, default=True)]
+    g = frontier.goals(runs)["default_example_asr"]
+    assert g["met"] is False and g["seeds"] == [0, 1]  # two seeds are not three
+    runs.append(run("tba", 2, 0.24, 0.6, default=True))
+    g = frontier.goals(runs)["default_example_asr"]
+    assert g["met"] is False and abs(g["mean"] - 0.31) < 1e-12 and abs(g["spread"] - 0.15) < 1e-12
+    runs[2]["eval"]["asr"] = 0.25
+    assert frontier.goals(runs)["default_example_asr"]["met"] is True
+    # a run that is not the default example (a sweep point) does not count for this bar
+    runs.append(run("tba", 3, 0.01, 0.8))
+    assert frontier.goals(runs)["default_example_asr"]["seeds"] == [0, 1, 2]
+
+
+def test_dominance_needs_some_tba_run_per_ppo_run():
+    ppo = [run("ppo", 0, 0.40, 0.50, knob={"clip_param": 0.2}), run("ppo", 0, 0.60, 0.40, knob={"clip_param": 0.3})]
+    tba = [run("tba", 0, 0.385, 0.56), run("tba", 1, 0.70, 0.44)]
+    g = frontier.goals(ppo + tba)["tba_dominates_ppo"]
+    # ppo 1: tba 0 has ASR 0.385 >= 0.40 - 0.02 and diversity 0.56 >= 0.50 + 0.05 -> dominated;
+    # ppo 2: tba 1 has 0.70 >= 0.58 but 0.44 < 0.45 -> not dominated
+    assert g == {"ppo_runs": 2, "dominated": 1, "met": False}
+    tba[1]["eval"]["diversity"] = 0.46
+    assert frontier.goals(ppo + tba)["tba_dominates_ppo"]["met"] is True
+
+
+def test_sync_over_async_pairs_only_runs_of_the_same_seed_knob_and_stop():
+    runs = [run("tba", 0, 0.3, 0.6, stop=TARGET_STOP, t25=400.0),
+            run("tba_sync", 0, 0.3, 0.6, stop=TARGET_STOP, t25=900.0),
+            run("tba", 1, 0.3, 0.6, stop=TARGET_STOP, t25=500.0),                   # no sync partner
+            run("tba", 0, 0.3, 0.6, default=True, t25=100.0),                       # another stop: not paired
+            run("tba", 0, 0.3, 0.6, stop=TARGET_STOP, knob={"beta": 0.1}, t25=50.0)]  # another knob: not paired
+    g = frontier.goals(runs)["sync_over_async_time_to_asr_0.25"]
+    assert g["ratios"] == [2.25] and g["met"] is True
+    runs.append(run("tba_sync", 1, 0.3, 0.6, stop=TARGET_STOP, t25=725.0))
+    g = frontier.goals(runs)["sync_over_async_time_to_asr_0.25"]
+    assert g["ratios"] == [2.25, 1.45] and g["met"] is False and g["mean"] == 1.85
+
+
+def test_asr_90_bar_counts_runs_within_two_hours_with_100_distinct_successes():
+    runs = [run("tba", 0, 0.92, 0.4, wall=7000.0, distinct=99), run("tba", 1, 0.95, 0.4, wall=7300.0, distinct=150)]
+    g = frontier.goals(runs)["asr_0.9_within_2h"]
+    assert g == {"runs": 1, "best_distinct_successful": 99, "met": False}
+    runs[0]["eval"]["distinct_successful"] = 100
+    assert frontier.goals(runs)["asr_0.9_within_2h"]["met"] is True
+
+
+def test_until_target_stop_is_a_budget_or_the_target(tmp_path):
+    """--until-target: Tune stops on the first finite reached-at time (>= 0) or the update cap; plan() orders a
+    pair of modes seed by seed."""
+    args = frontier.argparse.Namespace(until_target=True, max_updates=50, quick=True, what=["default", "tba_sync"],
+                                       seeds=[0, 1], beta=[0.05], clip=[0.2], attacks=64)
+    assert frontier.default_stop(args) == {"task/success_rate_0.25_reached_at": 0, "tba/weights_version": 50}
+    trials = frontier.plan(args)
+    assert [(t["method"], t["train_seed"]) for t in trials] == [("tba", 0), ("tba_sync", 0), ("tba", 1),
+                                                                 ("tba_sync", 1)]
+    assert not any(t["default_example"] for t in trials)
+    assert [t["config"].async_mode for t in trials] == [True, False, True, False]
