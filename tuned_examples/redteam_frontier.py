@@ -80,6 +80,11 @@ def ppo_config(args, seed: int, clip=None):
     return config
 
 
+def tba_knob(config) -> dict:
+    """What distinguishes one TBA run of the frontier from another (besides seed and stop)."""
+    return {"beta": config.beta, "lr": config.lr}
+
+
 def default_stop(args) -> dict:
     if args.until_target:
         # Tune stops a trial when any value reaches its bound; the reached-at time is NaN until the searchers' ASR
@@ -102,11 +107,12 @@ def plan(args) -> list[dict]:
         for what in args.what:
             if what in ("default", "tba_sync"):
                 method, sync = ("tba", False) if what == "default" else ("tba_sync", True)
-                trials.append(dict(method=method, knob={"beta": tba_config(args, s).beta}, train_seed=s,
+                trials.append(dict(method=method, knob=tba_knob(tba_config(args, s)), train_seed=s,
                                    default_example=default, config=tba_config(args, s, sync=sync),
                                    stop=default_stop(args)))
             elif what == "tba":
-                trials += [dict(method="tba", knob={"beta": b}, train_seed=s, default_example=False,
+                trials += [dict(method="tba", knob=tba_knob(tba_config(args, s, beta=b)), train_seed=s,
+                                default_example=False,
                                 config=tba_config(args, s, beta=b), stop=attacks) for b in args.beta]
             else:
                 trials += [dict(method="ppo", knob={"clip_param": c}, train_seed=s, default_example=False,
@@ -188,9 +194,14 @@ def same_run(a: dict, b: dict) -> bool:
     return all(a[k] == b[k] for k in ("method", "knob", "train_seed", "default_example", "stop"))
 
 
-def merge(path: Path, records: list[dict]) -> dict:
+def merge(path: Path, records: list[dict], default_knob: dict) -> dict:
+    """Add ``records`` to the JSON (replacing the same runs). ``default_example`` means "the current default
+    example": a run of an earlier default (another knob) keeps its results and is marked ``superseded_default``."""
     data = json.loads(path.read_text()) if path.is_file() else {"runs": []}
     runs = [r for r in data["runs"] if not any(same_run(r, new) for new in records)] + records
+    for r in runs:
+        if r["default_example"] and r["knob"] != default_knob:
+            r.update(default_example=False, superseded_default=True)
     m = bench.machine()
     data.update(machine=f"{m['cpu']}, {m['cores']} CPUs, {m['gpu'] or 'no GPU'}", commit=bench.commit(),
                 runs=sorted(runs, key=lambda r: (r["method"], json.dumps(r["knob"]), r["train_seed"])))
@@ -334,7 +345,8 @@ def main(argv=None) -> dict:
         for trial in plan(args):
             result = train(trial, Path(args.storage).resolve())
             record = run_record(trial, result, evaluate(result.checkpoint.path, args.num_eval))
-            merge(out, [record])  # after every run: an interrupted sweep keeps what it finished
+            # after every run: an interrupted sweep keeps what it finished
+            merge(out, [record], tba_knob(tba_config(args, 0)))
             print(json.dumps({k: record[k] for k in ("method", "knob", "train_seed", "attacks_generated",
                                                      "wall_clock_s", "time_to_asr_0.25_s", "eval")}))
     data = json.loads(out.read_text())
