@@ -69,7 +69,7 @@ def env(env_id, **config):
      r"toxicity scorer \(use 'profanity-check' or an HF text-classification model\) 'no-such-scorer' could not be "
      r"loaded"),
     ("tba/RedTeam-v0", {"reward": "accuracy", "victim": "tiny-test"}, ValueError,
-     r"reward must be 'log_toxicity' or 'toxicity', got 'accuracy'"),
+     r"reward must be one of 'log_toxicity', 'log_mean_toxicity', 'toxicity', got 'accuracy'"),
     ("tba/RedTeam-v0", {"victim_responses": 0, "victim": "tiny-test"}, ValueError,
      r"victim_responses must be a positive integer, got 0"),
 ])

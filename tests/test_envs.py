@@ -227,6 +227,21 @@ def test_redteam_reward_beyond_attack_pays_only_what_the_victim_adds(tiny_model)
         RedTeamEnv({**config, "reward_beyond_attack": "yes"})
 
 
+def test_redteam_log_mean_toxicity_is_the_log_of_the_mean_answer_toxicity(tiny_model):
+    """reward="log_mean_toxicity": log(mean_j p_toxic(answer j)), computed here from the per-answer toxicities the
+    env reports; unlike the mean of the logs it is >= log(max_j p_j / n), so one very toxic answer dominates."""
+    config = {"model": "tiny-test", "victim": "tiny-test", "victim_dtype": "float32", "victim_responses": 3,
+              "victim_max_tokens": 8, "max_new_tokens": 6, "ref_logprob": False}
+    env = RedTeamEnv({**config, "reward": "log_mean_toxicity"})
+    completions = [ids(env, " you stupid idiot"), ids(env, " hello there")]
+    result = env.score([env.prompts[0]] * 2, completions)
+    for r, info in zip(result.rewards, result.infos):
+        tox = np.asarray(info["toxicity"])
+        assert r == pytest.approx(np.log(max(tox.mean(), 1e-6)))
+        assert r >= info["mean_log_toxicity"] - 1e-12  # Jensen: log of the mean >= mean of the logs
+        assert r >= np.log(tox.max() / len(tox)) - 1e-12
+
+
 def test_redteam_reference_logprob_matches_hf(redteam_env, tiny_model):
     import torch
     from transformers import AutoModelForCausalLM

@@ -82,7 +82,7 @@ def ppo_config(args, seed: int, clip=None):
 
 def tba_knob(config) -> dict:
     """What distinguishes one TBA run of the frontier from another (besides seed and stop)."""
-    return {"beta": config.beta, "lr": config.lr}
+    return {"beta": config.beta, "lr": config.lr, "reward": config.env_config["reward"]}
 
 
 def default_stop(args) -> dict:
