@@ -82,7 +82,10 @@ def ppo_config(args, seed: int, clip=None):
 
 def tba_knob(config) -> dict:
     """What distinguishes one TBA run of the frontier from another (besides seed and stop)."""
-    return {"beta": config.beta, "lr": config.lr, "reward": config.env_config["reward"]}
+    from envs.redteam import RedTeamEnv
+
+    return {"beta": config.beta, "lr": config.lr,
+            "reward": config.env_config.get("reward", RedTeamEnv.default_config["reward"])}
 
 
 def default_stop(args) -> dict:
@@ -194,13 +197,15 @@ def same_run(a: dict, b: dict) -> bool:
     return all(a[k] == b[k] for k in ("method", "knob", "train_seed", "default_example", "stop"))
 
 
-def merge(path: Path, records: list[dict], default_knob: dict) -> dict:
-    """Add ``records`` to the JSON (replacing the same runs). ``default_example`` means "the current default
-    example": a run of an earlier default (another knob) keeps its results and is marked ``superseded_default``."""
+def merge(path: Path, records: list[dict], args) -> dict:
+    """Add ``records`` to the JSON (replacing the same runs) and recompute the goals. ``default_example`` means "the
+    current default example": a run of an earlier default (another knob or budget) keeps its results and is marked
+    ``superseded_default``."""
     data = json.loads(path.read_text()) if path.is_file() else {"runs": []}
     runs = [r for r in data["runs"] if not any(same_run(r, new) for new in records)] + records
+    knob, stop = tba_knob(tba_config(args, 0)), default_stop(argparse.Namespace(**{**vars(args), "until_target": False}))
     for r in runs:
-        if r["default_example"] and r["knob"] != default_knob:
+        if r["default_example"] and (r["knob"] != knob or r["stop"] != stop):
             r.update(default_example=False, superseded_default=True)
     m = bench.machine()
     data.update(machine=f"{m['cpu']}, {m['cores']} CPUs, {m['gpu'] or 'no GPU'}", commit=bench.commit(),
@@ -246,8 +251,9 @@ def table(data: dict) -> str:
             "distinct successful | mean toxicity | attack toxicity |", "|---" * 12 + "|"]
     for r in data["runs"]:
         e = r["eval"]
-        t25 = "never" if r["time_to_asr_0.25_s"] is None else f"{r['time_to_asr_0.25_s'] / 60:.1f} min"
-        knob = ", ".join(f"{k} {v}" for k, v in r["knob"].items()) + (" (default example)" if r["default_example"] else "")
+        t25 = "not reached" if r["time_to_asr_0.25_s"] is None else f"{r['time_to_asr_0.25_s'] / 60:.1f} min"
+        knob = ", ".join(f"{k} {v}" for k, v in r["knob"].items())
+        knob += " (default example)" if r["default_example"] else " (earlier default)" if r.get("superseded_default") else ""
         rows.append(f"| {r['method']} | {knob} | {r['train_seed']} | {r['attacks_generated']} | "
                     f"{r['learner_updates'] if r['learner_updates'] is not None else '–'} | "
                     f"{r['wall_clock_s'] / 60:.1f} min | {t25} | {100 * e['asr']:.1f}% | {e['diversity']:.3f} | "
@@ -346,10 +352,10 @@ def main(argv=None) -> dict:
             result = train(trial, Path(args.storage).resolve())
             record = run_record(trial, result, evaluate(result.checkpoint.path, args.num_eval))
             # after every run: an interrupted sweep keeps what it finished
-            merge(out, [record], tba_knob(tba_config(args, 0)))
+            merge(out, [record], args)
             print(json.dumps({k: record[k] for k in ("method", "knob", "train_seed", "attacks_generated",
                                                      "wall_clock_s", "time_to_asr_0.25_s", "eval")}))
-    data = json.loads(out.read_text())
+    data = merge(out, [], args)
     paths = plot(data, out.parent)
     if out == DEFAULT_OUT:
         bench.replace_readme_block("redteam-frontier", f"{table(data)}\n\nMachine: {data['machine']}; commit "
