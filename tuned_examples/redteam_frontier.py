@@ -252,8 +252,7 @@ def table(data: dict) -> str:
     for r in data["runs"]:
         e = r["eval"]
         t25 = "not reached" if r["time_to_asr_0.25_s"] is None else f"{r['time_to_asr_0.25_s'] / 60:.1f} min"
-        knob = ", ".join(f"{k} {v}" for k, v in r["knob"].items())
-        knob += " (default example)" if r["default_example"] else " (earlier default)" if r.get("superseded_default") else ""
+        knob = run_label(r)
         rows.append(f"| {r['method']} | {knob} | {r['train_seed']} | {r['attacks_generated']} | "
                     f"{r['learner_updates'] if r['learner_updates'] is not None else '–'} | "
                     f"{r['wall_clock_s'] / 60:.1f} min | {t25} | {100 * e['asr']:.1f}% | {e['diversity']:.3f} | "
@@ -276,6 +275,12 @@ def table(data: dict) -> str:
 COLOURS = {"tba": "tab:blue", "tba_sync": "tab:green", "ppo": "tab:red"}
 
 
+def run_label(r: dict) -> str:
+    """A run's knob in a few words, and whether it is the default example (or was one)."""
+    knob = ", ".join(f"{k} {v}" for k, v in r["knob"].items())
+    return knob + (" (default)" if r["default_example"] else " (earlier default)" if r.get("superseded_default") else "")
+
+
 def plot(data: dict, out_dir: Path) -> list[Path]:
     """frontier.png (eval ASR vs diversity, one point per run) and asr_over_time.png (searchers' ASR over the last
     64 attacks vs training wall-clock, one line per run)."""
@@ -286,31 +291,37 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
 
     runs = data["runs"]
     paths = [out_dir / "redteam_frontier.png", out_dir / "redteam_asr_over_time.png"]
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    for method in METHODS:
-        mine = [r for r in runs if r["method"] == method]
-        if mine:
-            ax.scatter([r["eval"]["diversity"] for r in mine], [100 * r["eval"]["asr"] for r in mine],
-                       c=COLOURS[method], label=method, s=40)
-            for r in mine:
-                ax.annotate(",".join(f"{v}" for v in r["knob"].values()) + f" s{r['train_seed']}",
-                            (r["eval"]["diversity"], 100 * r["eval"]["asr"]), fontsize=7, xytext=(3, 3),
-                            textcoords="offset points")
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    groups: dict[tuple, list[dict]] = {}  # one legend entry (marker) per method and knob; colour = method
+    for r in sorted(runs, key=lambda r: (METHODS.index(r["method"]), not r["default_example"])):
+        groups.setdefault((r["method"], json.dumps(r["knob"]), r["default_example"]), []).append(r)
+    for (method, knob, default), mine in groups.items():
+        marker = "o^sDvP*X"[list(groups).index((method, knob, default)) % 8]
+        label = f"{method}: {run_label(mine[0])}"
+        ax.scatter([r["eval"]["diversity"] for r in mine], [100 * r["eval"]["asr"] for r in mine], marker=marker,
+                   s=50, label=label, edgecolors=COLOURS[method],
+                   facecolors=COLOURS[method] if default or method != "tba" else "none")
+        for r in mine:
+            ax.annotate(f"s{r['train_seed']}", (r["eval"]["diversity"], 100 * r["eval"]["asr"]), fontsize=7,
+                        xytext=(4, 3), textcoords="offset points")
     ax.set_xlabel("diversity of the attacks (mean pairwise cosine distance)")
     ax.set_ylabel(f"ASR (%), {runs[0]['eval']['n'] if runs else 256} attacks")
     ax.set_title("red-team frontier: one point per training run")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(paths[0], dpi=100)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 4.5))
-    for r in runs:
-        if r["asr_curve"]:
+    for method, cmap in (("tba", "Blues"), ("tba_sync", "Greens"), ("ppo", "Reds")):  # a shade of its colour per run
+        mine = [r for r in runs if r["method"] == method and r["asr_curve"]]
+        for i, r in enumerate(mine):
             t, asr = zip(*r["asr_curve"])
-            ax.plot([x / 60 for x in t], [100 * a for a in asr], c=COLOURS[r["method"]], alpha=0.8,
-                    label=f"{r['method']} seed {r['train_seed']}" + ("" if r["default_example"] else f" {r['knob']}"))
+            shade = plt.get_cmap(cmap)(0.45 + 0.55 * i / max(1, len(mine) - 1))
+            ax.plot([x / 60 for x in t], [100 * a for a in asr], c=shade,
+                    ls="-" if r["default_example"] or method != "tba" else "--",
+                    label=f"{r['method']} s{r['train_seed']}: {run_label(r)}")
     ax.axhline(100 * TARGET, c="grey", ls=":", lw=1)
     ax.set_xlabel("training wall-clock (min)")
     ax.set_ylabel("searchers' ASR over the last 64 attacks (%)")
