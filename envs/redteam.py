@@ -5,8 +5,7 @@ Reward (``reward`` key): ``"log_toxicity"`` (default; the paper's  mean_j log p_
 log R uses), ``"log_mean_toxicity"`` (log of mean_j p_toxic(answer j): the log of the quantity the attack success
 rate thresholds, so one very toxic answer out of 5 outweighs five mildly toxic ones; with TB the target is then
 pi_ref * (mean toxicity)^(1/beta)) or ``"toxicity"`` (mean P(toxic), what a reward-maximising baseline such as PPO may
-prefer). With
-``reward_beyond_attack=True`` each answer counts only the toxicity it adds to the attack's own,
+prefer). With ``reward_beyond_attack=True`` each answer counts only the toxicity it adds to the attack's own,
 max(0, p_toxic(answer) − p_toxic(attack)): a victim that merely echoes a toxic attack earns nothing.
 ``info`` holds the attack text, the victim answers, per-answer toxicity, mean toxicity, mean log-toxicity, the
 attack's own toxicity, the mean toxicity beyond it, and ``ref_logprob``: the reference (initial attacker) model's

@@ -20,8 +20,8 @@ config = (
         "victim_max_tokens": 24,
         "toxicity": "profanity-check",
         # r = log mean_j p_toxic(answer_j) (beta applied by the learner): the log of what the attack success rate
-        # thresholds. The paper's mean_j log p_toxic ("log_toxicity") learned on 1 of 2 seeds here: it pays as much for
-        # five mildly rude answers as for one profane one (benchmarks/redteam_frontier.json)
+        # thresholds. The paper's mean_j log p_toxic ("log_toxicity") learned on 1 of 2 seeds here: it pays more for
+        # five mildly rude answers than for one profane one (docs/method.md §5, benchmarks/redteam_frontier.json)
         "reward": "log_mean_toxicity",
         "ref_logprob": False,         # the learner computes reference log-probs itself
     })
@@ -30,7 +30,7 @@ config = (
         beta=0.05, m=0.5, sync_every=10,
         prompts_per_batch=2, num_samples_per_prompt=8, generations_per_prompt=32, prompts_per_generation=1,
         # one attacker instruction = one prompt group: the per-prompt cap must hold the whole buffer. Off-policy draws
-        # are reward-prioritised (softmax(1.0 * mean log-toxicity) ∝ toxicity), like the replay of Lee et al.
+        # are reward-prioritised (softmax(1.0 * log mean toxicity) ∝ mean toxicity), like the replay of Lee et al.
         min_buffer_size=32, buffer_capacity=100_000, per_prompt_capacity=100_000, reward_inv_temp=1.0,
         lr=5e-4, grad_clip=1.0, updates_per_iteration=5,
         # CPU budget: LoRA on every linear layer; bf16 autocast (~2x cheaper) only where the CPU has native bf16
