@@ -259,13 +259,16 @@ def table(data: dict) -> str:
                     f"{e['distinct_successful']} | {e['mean_toxicity']:.3f} | {e['attack_toxicity']:.3f} |")
     g = data["goals"]
     d, s = g["default_example_asr"], g["sync_over_async_time_to_asr_0.25"]
+    tba = [r for r in data["runs"] if r["method"] == "tba"]
     said = {None: "not measured yet", True: "met", False: "**not met**"}
     lines = [
         f"- default example learns on every seed (ASR ≥ 25% on ≥ 3 seeds): {said[d['met']]}"
         + (f" — ASR {', '.join(f'{100 * a:.1f}%' for a in d['asr'])} on seeds {d['seeds']}, mean "
            f"{100 * d['mean']:.1f}%, spread {100 * d['spread']:.1f} points" if d["asr"] else ""),
         f"- TBA dominates PPO (ASR ≥ PPO − 2 points and diversity ≥ PPO + 0.05): {said[g['tba_dominates_ppo']['met']]}",
-        f"- ASR ≥ 90% within 2 h with ≥ 100 distinct successful attacks: {said[g['asr_0.9_within_2h']['met']]}",
+        f"- ASR ≥ 90% within 2 h with ≥ 100 distinct successful attacks: {said[g['asr_0.9_within_2h']['met']]}"
+        + (f" — the longest TBA run trained {max(r['wall_clock_s'] for r in tba) / 60:.0f} min, best ASR "
+           f"{100 * max(r['eval']['asr'] for r in tba):.1f}%" if tba else ""),
         f"- synchronous ÷ asynchronous time to ASR 25% ≥ 1.6: {said[s['met']]}"
         + (f" — {s['ratios']}" if s["ratios"] else ""),
     ]
