@@ -1,6 +1,6 @@
 """TBA red-teaming: SmolLM2-135M-Instruct attacker vs SmolLM2-135M-Instruct victim, alt-profanity-check toxicity.
 
-    rllib train file tuned_examples/tba_redteam.py            # default stop: 150 learner updates (~15 min, 2 cores)
+    rllib train file tuned_examples/tba_redteam.py            # default stop: 150 learner updates (~20 min, 2 cores)
     rllib evaluate results/tba_redteam/<trial>/checkpoint_000000 --num-samples 256
 
 The paper's RT setup (docs/method.md §4: beta 0.05, k=10, m=0.5, batch 128, 5000 steps) scaled to 2 CPU cores.
@@ -47,5 +47,5 @@ progress_columns = {
     "task/attack_success_rate": "ASR", "searchers/reward_mean": "reward", "task/diversity": "diversity",
     "tba/staleness_mean": "staleness",
 }
-# A training budget, not wall-clock: every machine trains the same amount (150 learner updates take ~15 min here).
+# A training budget, not wall-clock: every machine trains the same amount (150 learner updates took 19-20 min here).
 stop = {"tba/weights_version": 150}
