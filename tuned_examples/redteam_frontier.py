@@ -89,10 +89,16 @@ def tba_knob(config) -> dict:
 
 
 def default_stop(args) -> dict:
+    """The stop of a default/tba_sync trial: the default example's budget, or with --until-target the target."""
     if args.until_target:
         # Tune stops a trial when any value reaches its bound; the reached-at time is NaN until the searchers' ASR
         # over their last 64 attacks first reaches the target, then a unix time (>= 0)
         return {f"task/success_rate_{TARGET:g}_reached_at": 0, "tba/weights_version": args.max_updates}
+    return example_budget(args)
+
+
+def example_budget(args) -> dict:
+    """The default example's own training budget."""
     if args.quick:
         return {"tba/weights_version": 10}  # >= 64 attacks: the ASR-over-64 curve has points
     from tba_redteam import stop
@@ -110,13 +116,13 @@ def plan(args) -> list[dict]:
         for what in args.what:
             if what in ("default", "tba_sync"):
                 method, sync = ("tba", False) if what == "default" else ("tba_sync", True)
-                trials.append(dict(method=method, knob=tba_knob(tba_config(args, s)), train_seed=s,
-                                   default_example=default, config=tba_config(args, s, sync=sync),
-                                   stop=default_stop(args)))
+                config = tba_config(args, s, sync=sync)
+                trials.append(dict(method=method, knob=tba_knob(config), train_seed=s, default_example=default,
+                                   config=config, stop=default_stop(args)))
             elif what == "tba":
-                trials += [dict(method="tba", knob=tba_knob(tba_config(args, s, beta=b)), train_seed=s,
-                                default_example=False,
-                                config=tba_config(args, s, beta=b), stop=attacks) for b in args.beta]
+                configs = [tba_config(args, s, beta=b) for b in args.beta]
+                trials += [dict(method="tba", knob=tba_knob(c), train_seed=s, default_example=False, config=c,
+                                stop=attacks) for c in configs]
             else:
                 trials += [dict(method="ppo", knob={"clip_param": c}, train_seed=s, default_example=False,
                                 config=ppo_config(args, s, clip=c), stop=attacks) for c in args.clip]
@@ -203,7 +209,7 @@ def merge(path: Path, records: list[dict], args) -> dict:
     ``superseded_default``."""
     data = json.loads(path.read_text()) if path.is_file() else {"runs": []}
     runs = [r for r in data["runs"] if not any(same_run(r, new) for new in records)] + records
-    knob, stop = tba_knob(tba_config(args, 0)), default_stop(argparse.Namespace(**{**vars(args), "until_target": False}))
+    knob, stop = tba_knob(tba_config(args, 0)), example_budget(args)
     for r in runs:
         if r["default_example"] and (r["knob"] != knob or r["stop"] != stop):
             r.update(default_example=False, superseded_default=True)
