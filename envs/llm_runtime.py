@@ -42,6 +42,16 @@ def has_fast_bf16(device: str = "cpu") -> bool:
     return any(flag in flags for flag in ("avx512_bf16", "amx_bf16"))
 
 
+def request_amx() -> bool:
+    """Ask Linux for this process's AMX tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM)``, via torch) where the CPU
+    has AMX. vLLM's bf16 CPU attention kernel runs AMX instructions without asking; it works only in processes where
+    oneDNN happened to ask first and dies with SIGILL elsewhere (seen in the Ray Serve replica). Returns whether AMX
+    is usable; harmless to call again."""
+    import torch
+
+    return bool(torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx())
+
+
 def resolve_dtype(dtype: str) -> str:
     """A vLLM weight dtype. ``"auto"``: "bfloat16" where bf16 is native (``has_fast_bf16`` on the device vLLM uses),
     else "float32". (vLLM's own "auto" means the checkpoint's dtype — bf16 for most LMs, which an AVX2-only CPU
@@ -69,6 +79,7 @@ def get_engine(model_path: str, dtype: str = "float32", max_model_len: int = 102
         engine = _ENGINES.get(key)
         if engine is None:
             configure_vllm_env()
+            request_amx()
             from vllm import LLM
 
             from envs.models import explain_model_errors

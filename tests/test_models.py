@@ -66,11 +66,36 @@ def test_smollm2_converted_once_then_reused_and_served_by_vllm(tmp_path, monkeyp
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left
 
+    import torch
+    from transformers import AutoModelForCausalLM
+
     from envs.llm_runtime import get_engine, sampling_params
 
-    engine = get_engine(str(first), dtype="bfloat16", max_model_len=256)
+    # float32: in bf16 the first greedy token is a coin flip ("The" leads "L" by 0.08 nats; AMX bf16 picks "L'Étoile")
+    engine = get_engine(str(first), dtype="float32", max_model_len=256)
     tok = engine.get_tokenizer()
     prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                      tokenize=False, add_generation_prompt=True)
-    text = engine.generate([prompt], sampling_params(max_tokens=24, temperature=0.0), use_tqdm=False)[0].outputs[0].text
-    assert "Paris" in text, text
+    out = engine.generate([prompt], sampling_params(max_tokens=24, temperature=0.0, logprobs=5),
+                          use_tqdm=False)[0].outputs[0]
+    assert "Paris" in out.text, out.text
+    # transformers reads the same weights: its first-token log-probs equal vLLM's top 5
+    model = AutoModelForCausalLM.from_pretrained(first, torch_dtype=torch.float32)
+    with torch.no_grad():
+        logp = model(tok(prompt, return_tensors="pt").input_ids).logits[0, -1].log_softmax(-1)
+    for token, lp in out.logprobs[0].items():
+        assert abs(logp[token].item() - lp.logprob) < 1e-3, (tok.decode([token]), logp[token].item(), lp.logprob)
+
+
+def test_request_amx_where_the_cpu_has_it():
+    """vLLM's bf16 CPU attention runs AMX instructions; a process must ask Linux for AMX first (a Serve replica that
+    did not died with SIGILL). In a fresh process, request_amx() grants it exactly where /proc/cpuinfo lists amx_tile."""
+    import subprocess
+    import sys
+
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    code = "from envs.llm_runtime import request_amx; print(request_amx(), request_amx())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str("amx_tile" in flags)] * 2

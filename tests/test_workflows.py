@@ -336,7 +336,9 @@ def test_rllib_serve_binds_loopback_and_stops_cleanly(trained, sig):
             except (requests.ConnectionError, requests.Timeout):  # not up yet
                 time.sleep(1)
         r = requests.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=60)
-        assert r.status_code == 200, r.text
+        if r.status_code != 200:  # show what the server printed
+            os.killpg(proc.pid, 9)
+            raise AssertionError(f"{r.status_code} {r.text}\n{proc.communicate(timeout=30)[0][-6000:]}")
         tree = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
         # the HTTP port listens on loopback only. (Ray 2.60's own gRPC servers listen on all interfaces whatever
         # ray.init is given — it maps 127.0.0.1 to the node IP — and are guarded by Ray's token authentication.)
