@@ -32,7 +32,9 @@ config = (
         # one attacker instruction = one prompt group: the per-prompt cap must hold the whole buffer. Off-policy draws
         # are reward-prioritised (softmax(1.0 * log mean toxicity) ∝ mean toxicity), like the replay of Lee et al.
         min_buffer_size=32, buffer_capacity=100_000, per_prompt_capacity=100_000, reward_inv_temp=1.0,
-        lr=5e-4, grad_clip=1.0, updates_per_iteration=5,
+        # lr 1e-3 (LoRA, Adam): at 5e-4 the jump from ASR ~0 came after 130+ updates or not within 150 on 2 of 3
+        # seeds; at 1e-3 seed 2 jumped at ~80 (benchmarks/redteam_frontier.json)
+        lr=1e-3, grad_clip=1.0, updates_per_iteration=5,
         # CPU budget: LoRA on every linear layer; bf16 autocast (~2x cheaper) only where the CPU has native bf16
         # (AVX512-BF16/AMX): AVX2-only CPUs emulate bf16, and there it is several times SLOWER than fp32
         lora={"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}, learner_precision="auto",
