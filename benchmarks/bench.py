@@ -363,13 +363,19 @@ def machine() -> dict:
             "vllm": vllm.__version__, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
+def machine_line() -> str:
+    """The machine in one line (what the red-team and math JSONs and README blocks name)."""
+    m = machine()
+    return f"{m['cpu']}, {m['cores']} CPUs, {m['gpu'] or 'no GPU'}"
+
+
 def commit() -> str:
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                ":!README.md", ":!benchmarks/results.*",  # what this script (and the red-team
-                                ":!benchmarks/redteam_*"],                   # frontier's) itself rewrites
+        # what this script, the red-team frontier and math_seeds themselves rewrite does not make a run "dirty"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!README.md",
+                                ":!benchmarks/results.*", ":!benchmarks/redteam_*", ":!benchmarks/math_seeds.json"],
                                cwd=ROOT, capture_output=True, text=True).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):

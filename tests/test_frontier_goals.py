@@ -77,3 +77,16 @@ def test_until_target_stop_is_a_budget_or_the_target(tmp_path):
                                                                  ("tba_sync", 1)]
     assert not any(t["default_example"] for t in trials)
     assert [t["config"].async_mode for t in trials] == [True, False, True, False]
+
+
+def test_math_seeds_goal_needs_three_seeds_each_gaining_five_points():
+    import math_seeds
+
+    def gains(*g):
+        return math_seeds.summary([{"gain": x} for x in g])
+
+    assert gains(0.06, 0.10)["goal_met"] is False  # two seeds are not three
+    s = gains(0.06, 0.05, 0.10)
+    assert s["goal_met"] is True and abs(s["mean_gain"] - 0.07) < 1e-12 and abs(s["spread"] - 0.05) < 1e-12
+    s = gains(0.20, 0.049, 0.30)
+    assert s["goal_met"] is False and s["min_gain"] == 0.049

@@ -413,3 +413,26 @@ def test_redteam_frontier_quick_writes_the_json_and_both_pictures(tmp_path, tiny
     assert [r["knob"] for r in data["runs"] if r["method"] == "ppo"] == [{"clip_param": 0.2}]
     for png in ("redteam_frontier.png", "redteam_asr_over_time.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_math_seeds_quick_writes_the_json_and_the_gain_against_the_start(tmp_path, tiny_model):
+    """tuned_examples/math_seeds.py on the tiny model, two seeds: one record per seed with its greedy pass@1 on the
+    held-out problems, the starting model's pass@1 once, each gain = pass@1 - start, and the summary of the gains."""
+    out = tmp_path / "math_seeds.json"
+    proc = subprocess.run([str(ROOT / ".venv/bin/python"), "tuned_examples/math_seeds.py", "--quick", "--seeds", "0",
+                           "1", "--out", str(out), "--storage", str(tmp_path / "results")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["commit"] and "CPUs" in data["machine"] and data["decoding"] == "greedy"
+    assert data["held_out"] == {"dataset_seed": 1, "size": 16}  # --quick: 16 held-out problems
+    assert [r["train_seed"] for r in data["runs"]] == [0, 1] and 0 <= data["base_pass_at_1"] <= 1
+    for run in data["runs"]:
+        assert run["learner_updates"] == 4 and run["wall_clock_s"] > 0 and 0 <= run["pass_at_1"] <= 1
+        assert run["gain"] == pytest.approx(run["pass_at_1"] - data["base_pass_at_1"])
+        ev = json.loads((ROOT / run["trial_dir"] / "checkpoint_000000" / "eval_seed0_heldout.json").read_text())
+        assert ev["num_samples"] == 16 and ev["correct"] == run["pass_at_1"]
+    gains = [r["gain"] for r in data["runs"]]
+    s = data["summary"]
+    assert s["runs"] == 2 and not s["goal_met"]  # the goal needs >= 3 seeds
+    assert s["mean_gain"] == pytest.approx(sum(gains) / 2) and s["spread"] == pytest.approx(max(gains) - min(gains))

@@ -190,12 +190,13 @@ def run_record(trial: dict, result, evaluation: dict) -> dict:
     }
 
 
-def evaluate(checkpoint: str, num_samples: int, seed: int = 0) -> dict:
-    """`rllib evaluate` on the checkpoint, in its own process (the same protocol a user runs)."""
-    out = Path(checkpoint) / f"eval_seed{seed}.json"
+def evaluate(checkpoint: str, num_samples: int, seed: int = 0, extra=(), tag: str = "") -> dict:
+    """`rllib evaluate` on the checkpoint (``extra``: more of its options), in its own process (the same protocol a
+    user runs); its JSON is kept next to the checkpoint as eval_seed<seed><tag>.json."""
+    out = Path(checkpoint) / f"eval_seed{seed}{tag}.json"
     rllib = Path(sys.executable).with_name("rllib")
     subprocess.run([str(rllib), "evaluate", checkpoint, "--num-samples", str(num_samples), "--seed", str(seed),
-                    "--show", "0", "--json", str(out)], check=True, stdout=subprocess.DEVNULL)
+                    "--show", "0", "--json", str(out), *extra], check=True, stdout=subprocess.DEVNULL)
     return {**json.loads(out.read_text()), "seed": seed}
 
 
@@ -213,8 +214,7 @@ def merge(path: Path, records: list[dict], args) -> dict:
     for r in runs:
         if r["default_example"] and (r["knob"] != knob or r["stop"] != stop):
             r.update(default_example=False, superseded_default=True)
-    m = bench.machine()
-    data.update(machine=f"{m['cpu']}, {m['cores']} CPUs, {m['gpu'] or 'no GPU'}", commit=bench.commit(),
+    data.update(machine=bench.machine_line(), commit=bench.commit(),
                 runs=sorted(runs, key=lambda r: (r["method"], json.dumps(r["knob"]), r["train_seed"])))
     data["goals"] = goals(data["runs"])
     path.write_text(json.dumps(data, indent=1) + "\n")
