@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,6 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Stric
 from ray import serve
 
 from envs.llm_runtime import configure_vllm_env, context_length, generate_from_ids, get_engine, sampling_params
+
+SERVE_SHUTDOWN_TIMEOUT_S = 60
 
 app = FastAPI(title="rllib-tba policy server")
 
@@ -138,5 +141,11 @@ def run_server(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, **kwa
         print("shutting down", flush=True)
     finally:
         if ray.is_initialized():
-            serve.shutdown()
+            # bounded: Serve's graceful shutdown hung once for > 5 min after SIGINT; ray.shutdown() then stops the
+            # replicas' worker processes anyway
+            stopper = threading.Thread(target=serve.shutdown, name="serve-shutdown", daemon=True)
+            stopper.start()
+            stopper.join(SERVE_SHUTDOWN_TIMEOUT_S)
+            if stopper.is_alive():
+                print(f"Serve did not stop within {SERVE_SHUTDOWN_TIMEOUT_S} s; stopping Ray", flush=True)
             ray.shutdown()
