@@ -20,13 +20,12 @@ import statistics
 import sys
 from pathlib import Path
 
-import ray
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tuned_examples"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench  # noqa: E402  (machine(), commit(), README blocks)
-from redteam_frontier import evaluate, train  # noqa: E402  (one Tune run; `rllib evaluate` in its own process)
+from redteam_frontier import evaluate, parse_run_args, start_ray, train  # noqa: E402  (one Tune run, `rllib
+# evaluate` in its own process, the shared options)
 
 DEFAULT_OUT = ROOT / "benchmarks" / "math_seeds.json"
 HELD_OUT = {"dataset_seed": 1, "size": 300}
@@ -101,15 +100,8 @@ def table(data: dict) -> str:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds")
-    ap.add_argument("--quick", action="store_true", help="tiny model, a few updates (the tests)")
-    ap.add_argument("--out", default=str(DEFAULT_OUT), help="the JSON (README's table is redrawn only for the default)")
-    ap.add_argument("--storage", default=str(ROOT / "results" / "math_seeds"))
-    args = ap.parse_args(argv)
-    out = Path(args.out).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, num_cpus=2 if args.quick else None)
+    args, out = parse_run_args(ap, argv, DEFAULT_OUT, "math_seeds")
+    start_ray(args)
     data = None
     for seed in args.seeds:
         trial = dict(method="tba", knob={"task": "math"}, train_seed=seed, stop=budget(args),

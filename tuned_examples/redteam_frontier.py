@@ -343,6 +343,23 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
     return paths
 
 
+def parse_run_args(ap: argparse.ArgumentParser, argv, default_out: Path, name: str):
+    """The options every results script shares (--quick, --out, --storage results/<name>); returns (args, out)."""
+    ap.add_argument("--quick", action="store_true", help="tiny model, a few updates (the tests)")
+    ap.add_argument("--out", default=str(default_out), help="the JSON (README's table is redrawn only for the default)")
+    ap.add_argument("--storage", default=str(ROOT / "results" / name))
+    args = ap.parse_args(argv)
+    out = Path(args.out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return args, out
+
+
+def start_ray(args) -> None:
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, num_cpus=2 if args.quick else None)
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", nargs="+", choices=("default", "tba", "tba_sync", "ppo", "plot"),
@@ -356,18 +373,11 @@ def main(argv=None) -> dict:
                     help="default/tba_sync: stop when the searchers' ASR over 64 attacks reaches 25%%, not on the "
                          "default example's budget")
     ap.add_argument("--max-updates", type=int, default=400, help="--until-target: give up after this many updates")
-    ap.add_argument("--quick", action="store_true", help="tiny model, a few updates (the tests)")
-    ap.add_argument("--out", default=str(DEFAULT_OUT), help="the JSON (README's table is redrawn only for the default)")
-    ap.add_argument("--storage", default=str(ROOT / "results" / "redteam_frontier"))
-    args = ap.parse_args(argv)
-    out = Path(args.out).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
+    args, out = parse_run_args(ap, argv, DEFAULT_OUT, "redteam_frontier")
     if "plot" in args.what and len(args.what) > 1:
         ap.error("plot only redraws the pictures: give it alone")
     if args.what != ["plot"]:
-        os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
-        if not ray.is_initialized():
-            ray.init(include_dashboard=False, num_cpus=2 if args.quick else None)
+        start_ray(args)
         for trial in plan(args):
             result = train(trial, Path(args.storage).resolve())
             record = run_record(trial, result, evaluate(result.checkpoint.path, args.num_eval))
