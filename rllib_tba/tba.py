@@ -91,6 +91,7 @@ class TBAConfig(AlgorithmConfig):
         self.dedup = True  # identical token sequences stored once
         self.min_buffer_size = 64  # train once the buffer holds this many samples. GSM8K 500, TL;DR 10k
         self.sampling_temperature = 1.0  # searcher sampling AND learner log-prob temperature (one setting)
+        self.exploration_temperature = None  # (low, high): searchers sample each response at a T ~ U[low, high]. RT (0.7, 2.0)
         self.learn_log_z = False  # red-team variant: learned logZ(x) head instead of VarGrad
         self.lr_log_z = 1e-2  # its own (larger) learning rate
         self.lora = None  # dict of peft.LoraConfig args, e.g. {"r": 8, "lora_alpha": 16}
@@ -141,6 +142,7 @@ class TBAConfig(AlgorithmConfig):
         dedup=NotProvided,
         min_buffer_size=NotProvided,
         sampling_temperature=NotProvided,
+        exploration_temperature=NotProvided,
         learn_log_z=NotProvided,
         lr_log_z=NotProvided,
         lora=NotProvided,
@@ -189,6 +191,11 @@ class TBAConfig(AlgorithmConfig):
                 Default 64.
             sampling_temperature: The temperature searchers sample at AND the learner computes log pi_theta and
                 log pi_ref at (one setting, so both sides agree). > 0. Default 1.0.
+            exploration_temperature: None (searchers sample at `sampling_temperature`) or (low, high): searchers
+                sample each response at its own temperature drawn uniformly from [low, high] (0 < low <= high <= 2), an
+                off-policy exploration sampler; the learner still trains pi_theta at `sampling_temperature` — TB's
+                loss needs no importance ratio, any sampler with full support gives valid training data. The
+                paper's red-teaming: (0.7, 2.0). Default None.
             learn_log_z: Red-team variant: a learned logZ(x) head (linear on mean-pooled prompt states) instead of
                 VarGrad's per-prompt mean. Default False.
             lr_log_z: Learning rate of that head's own optimizer (> 0). Default 1e-2.
@@ -260,6 +267,8 @@ class TBAConfig(AlgorithmConfig):
             self.min_buffer_size = min_buffer_size
         if sampling_temperature is not NotProvided:
             self.sampling_temperature = sampling_temperature
+        if exploration_temperature is not NotProvided:
+            self.exploration_temperature = exploration_temperature
         if learn_log_z is not NotProvided:
             self.learn_log_z = learn_log_z
         if lr_log_z is not NotProvided:
@@ -323,6 +332,12 @@ class TBAConfig(AlgorithmConfig):
                 err(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.training_intensity is not None:
             number("training_intensity", 0, low_open=True)
+        if self.exploration_temperature is not None:
+            t = self.exploration_temperature
+            if not (isinstance(t, (list, tuple)) and len(t) == 2 and all(_finite_number(x) for x in t)
+                    and 0 < t[0] <= t[1] <= 2):
+                err(f"exploration_temperature must be None (sample at sampling_temperature) or (low, high) with "
+                    f"0 < low <= high <= 2 (vLLM samples at temperatures up to 2), e.g. (0.7, 2.0), got {t!r}")
         if self.async_mode and self.max_requests_in_flight_per_env_runner < 2:
             err(f"max_requests_in_flight_per_env_runner must be >= 2 with async_mode=True (generation requests "
                 f"queued per searcher + 1 for weight updates), got {self.max_requests_in_flight_per_env_runner}")

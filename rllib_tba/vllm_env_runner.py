@@ -146,10 +146,11 @@ def sampler_settings(config) -> dict:
         return {"prompts_per_generation": config.prompts_per_generation,
                 "generations_per_prompt": config.generations_per_prompt,
                 "temperature": config.sampling_temperature, "dtype": config.searcher_dtype,
-                "ref_logp": config.ref_logp_on == "searchers"}
+                "temperature_range": config.exploration_temperature, "ref_logp": config.ref_logp_on == "searchers"}
     model_config = getattr(config.rl_module_spec, "model_config", None) or config.model_config
     return {"prompts_per_generation": max(1, int(config.num_envs_per_env_runner)), "generations_per_prompt": 1,
-            "temperature": float(model_config.get("temperature", 1.0)), "dtype": "float32", "ref_logp": False}
+            "temperature": float(model_config.get("temperature", 1.0)), "dtype": "float32", "temperature_range": None,
+            "ref_logp": False}
 
 
 class VLLMEnvRunner(EnvRunner, Checkpointable):
@@ -242,8 +243,15 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         num_prompts = s["prompts_per_generation"] if num_episodes is None else -(-num_episodes // per_prompt)
         indices = self.rng.integers(len(env.prompts), size=num_prompts)
         prompts = [env.prompts[int(i)] for i in indices]
-        params = sampling_params(n=per_prompt, temperature=0.0 if greedy else s["temperature"],
-                                 max_tokens=env.max_new_tokens, logprobs=0, stop_token_ids=sorted(env.eos_token_ids))
+        common = dict(max_tokens=env.max_new_tokens, logprobs=0, stop_token_ids=sorted(env.eos_token_ids))
+        if s["temperature_range"] is not None and not greedy:
+            # exploration: one request per response, each at its own temperature ~ U[low, high] (the prompt's KV is
+            # shared through vLLM's prefix cache)
+            prompts = [p for p in prompts for _ in range(per_prompt)]
+            temperatures = self.rng.uniform(*s["temperature_range"], size=len(prompts))
+            params = [sampling_params(n=1, temperature=float(t), **common) for t in temperatures]
+        else:
+            params = sampling_params(n=per_prompt, temperature=0.0 if greedy else s["temperature"], **common)
         weights_version = self.weights_version
         self._ref_s = 0.0
         outputs = generate_from_ids(self.engine, [p.token_ids for p in prompts], params)

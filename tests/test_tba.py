@@ -42,6 +42,11 @@ def test_public_api_and_tune_registration():
     (dict(max_staleness=2.5), "max_staleness must be an integer"),
     (dict(max_staleness=3, sync_every=10), r"max_staleness \(3\) must be >= sync_every - 1 \(9\)"),
     (dict(policy_model=""), "policy_model must be"),
+    (dict(exploration_temperature=(2.0, 0.7)), r"exploration_temperature must be None .* 0 < low <= high"),
+    (dict(exploration_temperature=(0.0, 1.0)), "exploration_temperature must be None"),
+    (dict(exploration_temperature=(0.7, 2.5)), r"high <= 2 \(vLLM samples at temperatures up to 2\)"),
+    (dict(exploration_temperature=1.5), "exploration_temperature must be None"),
+    (dict(exploration_temperature=(0.7, float("nan"))), "exploration_temperature must be None"),
 ])
 def test_validate_rejects_bad_values(change, message):
     config = tldr_config(**change)
@@ -84,6 +89,36 @@ def test_searcher_episodes_equal_stepping_the_env(tiny_model):
     with torch.no_grad():
         logp = torch.log_softmax(hf(ids).logits[0, len(prompt) - 1:-1], -1).gather(-1, ids[0, len(prompt):, None])[:, 0]
     np.testing.assert_allclose(ep.get_extra_model_outputs(ACTION_LOGP), logp.numpy(), atol=1e-4)
+
+
+def test_exploration_temperature_samples_each_response_at_its_own_temperature(tiny_model):
+    """With exploration_temperature=(low, high) every response is sampled at its own temperature ~ U[low, high]: its
+    per-token sampler log-probs are log_softmax(logits / t) of the model for that response's t (drawn here from the
+    searcher's seeded generator, in the order the searcher draws), not those at the learner's temperature."""
+    from transformers import AutoModelForCausalLM
+
+    low, high = 0.5, 2.0
+    config = tldr_config(max_new_tokens=8, prompts_per_generation=2, generations_per_prompt=6, num_samples_per_prompt=4,
+                         exploration_temperature=(low, high))
+    config.validate()
+    assert config.get_default_rl_module_spec().model_config["temperature"] == 1.0  # the learner's pi_theta
+    runner = VLLMEnvRunner(config=config, worker_index=0)
+    episodes = runner.sample()
+    rng = np.random.default_rng(config.seed)  # the searcher's generator: prompt draws, then one temperature each
+    rng.integers(len(runner.env.prompts), size=2)
+    temperatures = rng.uniform(low, high, size=12)
+    assert len(episodes) == 12 and temperatures.max() - temperatures.min() > 0.5
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model)
+    for ep, t in zip(episodes, temperatures):
+        prompt = [int(x) for x in ep.get_observations(0) if x >= 0]
+        ids = torch.tensor([prompt + list(ep.get_actions())])
+        with torch.no_grad():
+            logits = hf(ids).logits[0, len(prompt) - 1:-1]
+        def logp(temp):
+            return torch.log_softmax(logits / temp, -1).gather(-1, ids[0, len(prompt):, None])[:, 0].numpy()
+        np.testing.assert_allclose(ep.get_extra_model_outputs(ACTION_LOGP), logp(t), atol=1e-4)
+        if abs(t - 1.0) > 0.3:
+            assert np.abs(np.asarray(ep.get_extra_model_outputs(ACTION_LOGP)) - logp(1.0)).max() > 1e-2
 
 
 def test_searcher_ships_o_t_batches_that_equal_the_episodes(tiny_model):

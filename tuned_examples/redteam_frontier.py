@@ -84,8 +84,11 @@ def tba_knob(config) -> dict:
     """What distinguishes one TBA run of the frontier from another (besides seed and stop)."""
     from envs.redteam import RedTeamEnv
 
-    return {"beta": config.beta, "lr": config.lr,
+    knob = {"beta": config.beta, "lr": config.lr,
             "reward": config.env_config.get("reward", RedTeamEnv.default_config["reward"])}
+    if config.exploration_temperature is not None:  # (a list: what the JSON holds)
+        knob["exploration_temperature"] = [float(t) for t in config.exploration_temperature]
+    return knob
 
 
 def default_stop(args) -> dict:
