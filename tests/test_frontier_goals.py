@@ -90,3 +90,28 @@ def test_math_seeds_goal_needs_three_seeds_each_gaining_five_points():
     assert s["goal_met"] is True and abs(s["mean_gain"] - 0.07) < 1e-12 and abs(s["spread"] - 0.05) < 1e-12
     s = gains(0.20, 0.049, 0.30)
     assert s["goal_met"] is False and s["min_gain"] == 0.049
+
+
+def test_merge_marks_runs_of_an_earlier_default_and_restores_them_when_the_default_returns(tmp_path, monkeypatch):
+    """``default_example`` means the current default example: merging under another default knob marks a default
+    run ``superseded_default`` (it then counts for no default bar); when the default's knob comes back, it is the
+    default example again. Other runs keep their flags."""
+    monkeypatch.setattr(frontier.bench, "machine_line", lambda: "test machine")
+    monkeypatch.setattr(frontier.bench, "commit", lambda: "abc1234")
+    monkeypatch.setattr(frontier, "example_budget", lambda args: DEFAULT_STOP)
+    monkeypatch.setattr(frontier, "tba_config", lambda args, seed: None)
+    path = tmp_path / "frontier.json"
+    old, new = {"beta": 0.05, "lr": 0.001}, {"beta": 0.05, "lr": 0.001, "exploration_temperature": [0.7, 2.0]}
+    runs = [run("tba", 0, 0.84, 0.34, default=True, knob=old), run("tba", 1, 0.40, 0.7, knob={"beta": 0.1})]
+    monkeypatch.setattr(frontier, "tba_knob", lambda config: new)
+    data = frontier.merge(path, runs, None)
+    first, sweep = data["runs"]
+    assert first["default_example"] is False and first["superseded_default"] is True
+    assert data["goals"]["default_example_asr"]["seeds"] == []
+    assert sweep["default_example"] is False and "superseded_default" not in sweep
+    monkeypatch.setattr(frontier, "tba_knob", lambda config: old)
+    data = frontier.merge(path, [], None)
+    first, sweep = data["runs"]
+    assert first["default_example"] is True and "superseded_default" not in first
+    assert data["goals"]["default_example_asr"]["seeds"] == [0]
+    assert sweep["default_example"] is False and "superseded_default" not in sweep

@@ -1,6 +1,6 @@
 """Baseline: stock RLlib PPO (new API stack) on the same red-team env, models, reward and sample budget as TBA.
 
-    rllib train file tuned_examples/ppo_redteam.py       # stops after 1024 attacks (TBA's default run: ~1000)
+    rllib train file tuned_examples/ppo_redteam.py       # stops after 1024 attacks
     rllib evaluate results/ppo_redteam/<trial>/checkpoint_000000 --num-samples 256
 
 PPO maximises TBA's reward (reward="log_mean_toxicity": log of the mean P(toxic) over the victim's 5 answers; with

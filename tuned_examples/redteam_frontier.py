@@ -177,6 +177,7 @@ def run_record(trial: dict, result, evaluation: dict) -> dict:
     return {
         "method": trial["method"], "knob": trial["knob"], "train_seed": trial["train_seed"],
         "default_example": trial["default_example"], "stop": trial["stop"], "commit": bench.commit(),
+        "machine": bench.machine_line(),  # wall-clock figures compare only between runs of one machine
         "attacks_generated": int(last["env_runners/num_episodes_lifetime"]),
         "learner_updates": None if updates is None or math.isnan(updates) else int(updates),
         "wall_clock_s": round(float(last["time_total_s"]), 1),
@@ -210,13 +211,17 @@ def same_run(a: dict, b: dict) -> bool:
 def merge(path: Path, records: list[dict], args) -> dict:
     """Add ``records`` to the JSON (replacing the same runs) and recompute the goals. ``default_example`` means "the
     current default example": a run of an earlier default (another knob or budget) keeps its results and is marked
-    ``superseded_default``."""
+    ``superseded_default`` (and is the default example again if the default returns to its settings)."""
     data = json.loads(path.read_text()) if path.is_file() else {"runs": []}
     runs = [r for r in data["runs"] if not any(same_run(r, new) for new in records)] + records
     knob, stop = tba_knob(tba_config(args, 0)), example_budget(args)
     for r in runs:
-        if r["default_example"] and (r["knob"] != knob or r["stop"] != stop):
+        current = r["knob"] == knob and r["stop"] == stop
+        if r["default_example"] and not current:
             r.update(default_example=False, superseded_default=True)
+        elif r.get("superseded_default") and current:  # the default went back to this run's settings
+            r.pop("superseded_default")
+            r["default_example"] = True
     data.update(machine=bench.machine_line(), commit=bench.commit(),
                 runs=sorted(runs, key=lambda r: (r["method"], json.dumps(r["knob"]), r["train_seed"])))
     data["goals"] = goals(data["runs"])
@@ -256,13 +261,13 @@ def goals(runs: list[dict]) -> dict:
 
 def table(data: dict) -> str:
     """README's table: one row per run, then the goals."""
-    rows = ["| method | knob | seed | attacks | updates | training | time to ASR 25% | ASR | diversity | "
-            "distinct successful | mean toxicity | attack toxicity |", "|---" * 12 + "|"]
+    rows = ["| method | knob | seed | machine | attacks | updates | training | time to ASR 25% | ASR | diversity | "
+            "distinct successful | mean toxicity | attack toxicity |", "|---" * 13 + "|"]
     for r in data["runs"]:
         e = r["eval"]
         t25 = "not reached" if r["time_to_asr_0.25_s"] is None else f"{r['time_to_asr_0.25_s'] / 60:.1f} min"
         knob = run_label(r)
-        rows.append(f"| {r['method']} | {knob} | {r['train_seed']} | {r['attacks_generated']} | "
+        rows.append(f"| {r['method']} | {knob} | {r['train_seed']} | {short_machine(r)} | {r['attacks_generated']} | "
                     f"{r['learner_updates'] if r['learner_updates'] is not None else '–'} | "
                     f"{r['wall_clock_s'] / 60:.1f} min | {t25} | {100 * e['asr']:.1f}% | {e['diversity']:.3f} | "
                     f"{e['distinct_successful']} | {e['mean_toxicity']:.3f} | {e['attack_toxicity']:.3f} |")
@@ -285,6 +290,11 @@ def table(data: dict) -> str:
 
 
 COLOURS = {"tba": "tab:blue", "tba_sync": "tab:green", "ppo": "tab:red"}
+
+
+def short_machine(r: dict) -> str:
+    """The run's CPU model in a word or two ("Intel Xeon", "AMD EPYC"), from its machine line."""
+    return r["machine"].split(",")[0].replace("(R)", "").replace(" Processor", "").strip()
 
 
 def run_label(r: dict) -> str:
@@ -391,9 +401,12 @@ def main(argv=None) -> dict:
     data = merge(out, [], args)
     paths = plot(data, out.parent)
     if out == DEFAULT_OUT:
-        bench.replace_readme_block("redteam-frontier", f"{table(data)}\n\nMachine: {data['machine']}; commit "
-                                                       f"`{data['commit']}`; evaluation: {data['runs'][0]['eval']['n']} "
-                                                       "attacks, 5 victim answers each, evaluation seed 0.")
+        machines = "; ".join(sorted({r["machine"] for r in data["runs"]}))
+        bench.replace_readme_block("redteam-frontier", f"{table(data)}\n\nMachines: {machines} (each run's in the "
+                                                       f"JSON; compare wall-clock only within one); last written at "
+                                                       f"commit `{data['commit']}`; evaluation: "
+                                                       f"{data['runs'][0]['eval']['n']} attacks, 5 victim answers each, "
+                                                       "evaluation seed 0.")
     print(json.dumps({"json": str(out), "pictures": [str(p) for p in paths], "runs": len(data["runs"])}))
     return data
 

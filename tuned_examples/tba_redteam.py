@@ -27,10 +27,8 @@ config = (
     })
     .training(
         policy_model="smollm2-135m-instruct", max_new_tokens=20, sampling_temperature=1.0,
-        # the paper's red-team exploration: each attack sampled at a temperature ~ U[0.7, 2.0], trained at 1.0 (TB
-        # is off-policy). Untrained attacker, 256 attacks each: mean toxicity 0.017 at T 0.7, 0.031 at 1.0, 0.040 at
-        # 1.5 and 2.0 (`scripts/redteam.sh --baseline --temperature T`)
-        exploration_temperature=(0.7, 2.0),
+        # exploration_temperature=(0.7, 2.0), the paper's red-team sampler, is not the default: on 3 seeds it ended at
+        # ASR 62.9% (144 distinct successful attacks) / 2.3% / 0.4% (benchmarks/redteam_frontier.json, docs/method.md)
         beta=0.05, m=0.5, sync_every=10,
         prompts_per_batch=2, num_samples_per_prompt=8, generations_per_prompt=32, prompts_per_generation=1,
         # one attacker instruction = one prompt group: the per-prompt cap must hold the whole buffer. Off-policy draws
