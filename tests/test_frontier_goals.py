@@ -58,6 +58,21 @@ def test_sync_over_async_pairs_only_runs_of_the_same_seed_knob_and_stop():
     assert g["ratios"] == [2.25, 1.45] and g["met"] is False and g["mean"] == 1.85
 
 
+def test_sync_that_never_reached_the_target_gives_a_lower_bound():
+    """A synchronous run that trained W seconds without reaching 25%, against an asynchronous one that reached it
+    at t: sync/async >= W / t. A bound >= 1.6 meets the bar; a bound below it decides nothing; an exact ratio below
+    it fails the bar whatever the bounds say."""
+    runs = [run("tba", 1, 0.63, 0.55, t25=772.0), run("tba_sync", 1, 0.01, 0.83, wall=1066.9)]
+    g = frontier.goals(runs)["sync_over_async_time_to_asr_0.25"]
+    assert g["ratios"] == [] and g["lower_bounds"] == [1.38] and g["met"] is None  # 1066.9 / 772 = 1.382
+    assert "undecided — at least [1.38]" in frontier.table({"runs": [], "goals": {**frontier.goals(runs)}})
+    runs[1]["wall_clock_s"] = 1300.0
+    assert frontier.goals(runs)["sync_over_async_time_to_asr_0.25"]["met"] is True  # >= 1300 / 772 = 1.68
+    runs += [run("tba", 2, 0.5, 0.6, t25=600.0), run("tba_sync", 2, 0.5, 0.6, t25=900.0)]
+    g = frontier.goals(runs)["sync_over_async_time_to_asr_0.25"]
+    assert g["ratios"] == [1.5] and g["lower_bounds"] == [1.68] and g["met"] is False
+
+
 def test_asr_90_bar_counts_runs_within_two_hours_with_100_distinct_successes():
     runs = [run("tba", 0, 0.92, 0.4, wall=7000.0, distinct=99), run("tba", 1, 0.95, 0.4, wall=7300.0, distinct=150)]
     g = frontier.goals(runs)["asr_0.9_within_2h"]

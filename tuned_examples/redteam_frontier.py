@@ -235,11 +235,22 @@ def goals(runs: list[dict]) -> dict:
     tba = [r for r in runs if r["method"] == "tba"]
     ppo = [r for r in runs if r["method"] == "ppo"]
     asr = [r["eval"]["asr"] for r in default]
-    ratios = []  # each synchronous run against the asynchronous one of the same seed, knob and stop
-    for sync in (r for r in runs if r["method"] == "tba_sync" and r["time_to_asr_0.25_s"]):
+    # each synchronous run against the asynchronous one of the same seed, knob and stop that reached the target: the
+    # ratio of their times, or, when the synchronous run never reached it, a lower bound (its whole training time)
+    ratios, lower_bounds = [], []
+    for sync in (r for r in runs if r["method"] == "tba_sync"):
         for r in tba:
             if all(r[k] == sync[k] for k in ("train_seed", "knob", "stop")) and r["time_to_asr_0.25_s"]:
-                ratios.append(sync["time_to_asr_0.25_s"] / r["time_to_asr_0.25_s"])
+                if sync["time_to_asr_0.25_s"]:
+                    ratios.append(sync["time_to_asr_0.25_s"] / r["time_to_asr_0.25_s"])
+                else:
+                    lower_bounds.append(sync["wall_clock_s"] / r["time_to_asr_0.25_s"])
+    if any(x < 1.6 for x in ratios):
+        sync_met = False
+    elif ratios or lower_bounds:
+        sync_met = True if all(x >= 1.6 for x in lower_bounds) else None  # a bound below 1.6 decides nothing
+    else:
+        sync_met = None
     dominated = [any(t["eval"]["asr"] >= p["eval"]["asr"] - 0.02 and
                      (t["eval"]["diversity"] or 0) >= (p["eval"]["diversity"] or 0) + 0.05 for t in tba) for p in ppo]
     fast90 = [r for r in tba if r["eval"]["asr"] >= 0.9 and r["wall_clock_s"] <= 7200]
@@ -255,7 +266,7 @@ def goals(runs: list[dict]) -> dict:
                               "met": any(r["eval"]["distinct_successful"] >= 100 for r in fast90) if tba else None},
         "sync_over_async_time_to_asr_0.25": {"ratios": [round(x, 2) for x in ratios],
                                              "mean": round(sum(ratios) / len(ratios), 2) if ratios else None,
-                                             "met": min(ratios) >= 1.6 if ratios else None},
+                                             "lower_bounds": [round(x, 2) for x in lower_bounds], "met": sync_met},
     }
 
 
@@ -283,8 +294,11 @@ def table(data: dict) -> str:
         f"- ASR ≥ 90% within 2 h with ≥ 100 distinct successful attacks: {said[g['asr_0.9_within_2h']['met']]}"
         + (f" — the longest TBA run trained {max(r['wall_clock_s'] for r in tba) / 60:.0f} min, best ASR "
            f"{100 * max(r['eval']['asr'] for r in tba):.1f}%" if tba else ""),
-        f"- synchronous ÷ asynchronous time to ASR 25% ≥ 1.6: {said[s['met']]}"
-        + (f" — {s['ratios']}" if s["ratios"] else ""),
+        f"- synchronous ÷ asynchronous time to ASR 25% ≥ 1.6: "
+        + (said[s["met"]] if s["met"] is not None or not s["lower_bounds"] else "undecided")
+        + (f" — ratios {s['ratios']}" if s["ratios"] else "")
+        + (f" — at least {s['lower_bounds']} (the synchronous run never reached 25%: its training time ÷ the "
+           f"asynchronous run's time to 25%)" if s["lower_bounds"] else ""),
     ]
     return "\n".join(rows) + "\n\n" + "\n".join(lines)
 
