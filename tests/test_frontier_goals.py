@@ -94,6 +94,19 @@ def test_until_target_stop_is_a_budget_or_the_target(tmp_path):
     assert [t["config"].async_mode for t in trials] == [True, False, True, False]
 
 
+def test_exploration_temperature_option_makes_a_variant_of_the_default():
+    """--exploration-temperature LOW HIGH: the default example's budget with that sampler; recorded in the knob, and
+    such a run is not the default example (the default's bar counts only the example as it is)."""
+    args = frontier.argparse.Namespace(until_target=False, quick=True, what=["default", "tba_sync"], seeds=[1],
+                                       beta=[0.05], clip=[0.2], attacks=64, exploration_temperature=[0.7, 2.0])
+    trials = frontier.plan(args)
+    assert [t["config"].exploration_temperature for t in trials] == [(0.7, 2.0), (0.7, 2.0)]
+    assert [t["knob"]["exploration_temperature"] for t in trials] == [[0.7, 2.0], [0.7, 2.0]]
+    assert not any(t["default_example"] for t in trials) and trials[0]["stop"] == frontier.example_budget(args)
+    args.exploration_temperature = None
+    assert [t["default_example"] for t in frontier.plan(args)] == [True, True]
+
+
 def test_math_seeds_goal_needs_three_seeds_each_gaining_five_points():
     import math_seeds
 

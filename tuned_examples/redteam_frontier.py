@@ -7,6 +7,7 @@ drawn from that file.
     python tuned_examples/redteam_frontier.py ppo --clip 0.1 0.2 0.3    # PPO over its clip range, same budget
     python tuned_examples/redteam_frontier.py tba_sync --seeds 0        # the default example with async_mode=False
     python tuned_examples/redteam_frontier.py default tba_sync --seeds 0 --until-target   # time to ASR 25%, both modes
+    python tuned_examples/redteam_frontier.py default --seeds 1 --exploration-temperature 0.7 2.0  # a sampler variant
     python tuned_examples/redteam_frontier.py plot                      # only redraw the pictures from the JSON
 
 Each command runs its trials one after another (each takes the whole machine), evaluates each final checkpoint on
@@ -61,6 +62,8 @@ def tba_config(args, seed: int, sync: bool = False, beta=None):
         config = default.copy(copy_frozen=False).debugging(seed=seed)
     if beta is not None:
         config.training(beta=beta)
+    if getattr(args, "exploration_temperature", None):
+        config.training(exploration_temperature=tuple(args.exploration_temperature))
     return config.training(async_mode=not sync)
 
 
@@ -113,7 +116,8 @@ def plan(args) -> list[dict]:
     """The trials of one command, in order (seed by seed, so a pair of modes runs side by side): method, knob, seed,
     config, stop."""
     attacks = {"env_runners/num_episodes_lifetime": args.attacks}
-    default = not args.until_target  # the default example as is: its own budget
+    # the default example as is: its own budget and settings
+    default = not args.until_target and not getattr(args, "exploration_temperature", None)
     trials = []
     for s in args.seeds:
         for what in args.what:
@@ -400,6 +404,9 @@ def main(argv=None) -> dict:
                     help="default/tba_sync: stop when the searchers' ASR over 64 attacks reaches 25%%, not on the "
                          "default example's budget")
     ap.add_argument("--max-updates", type=int, default=400, help="--until-target: give up after this many updates")
+    ap.add_argument("--exploration-temperature", type=float, nargs=2, metavar=("LOW", "HIGH"),
+                    help="TBA runs: searchers sample each attack at a temperature ~ U[LOW, HIGH] (the paper: 0.7 2.0); "
+                         "runs of the default example with it are a variant, not the default")
     args, out = parse_run_args(ap, argv, DEFAULT_OUT, "redteam_frontier")
     if "plot" in args.what and len(args.what) > 1:
         ap.error("plot only redraws the pictures: give it alone")
