@@ -331,7 +331,7 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
 
     runs = data["runs"]
     paths = [out_dir / "redteam_frontier.png", out_dir / "redteam_asr_over_time.png"]
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+    fig, ax = plt.subplots(figsize=(7.5, 6.5))
     groups: dict[tuple, list[dict]] = {}  # one legend entry (marker) per method and knob; colour = method
     for r in sorted(runs, key=lambda r: (METHODS.index(r["method"]), not r["default_example"])):
         groups.setdefault((r["method"], json.dumps(r["knob"]), r["default_example"]), []).append(r)
@@ -348,12 +348,12 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
     ax.set_ylabel(f"ASR (%), {runs[0]['eval']['n'] if runs else 256} attacks")
     ax.set_title("red-team frontier: one point per training run")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=1)  # below: no point hidden
     fig.tight_layout()
     fig.savefig(paths[0], dpi=100)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    fig, ax = plt.subplots(figsize=(7.5, 7))
     for method, cmap in (("tba", "Blues"), ("tba_sync", "Greens"), ("ppo", "Reds")):  # a shade of its colour per run
         mine = [r for r in runs if r["method"] == method and r["asr_curve"]]
         for i, r in enumerate(mine):
@@ -361,13 +361,13 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
             shade = plt.get_cmap(cmap)(0.45 + 0.55 * i / max(1, len(mine) - 1))
             ax.plot([x / 60 for x in t], [100 * a for a in asr], c=shade,
                     ls="-" if r["default_example"] or method != "tba" else "--",
-                    label=f"{r['method']} s{r['train_seed']}: {run_label(r)}")
+                    label=f"{r['method']} s{r['train_seed']} ({short_machine(r)}): {run_label(r)}")
     ax.axhline(100 * TARGET, c="grey", ls=":", lw=1)
     ax.set_xlabel("training wall-clock (min)")
     ax.set_ylabel("searchers' ASR over the last 64 attacks (%)")
     ax.set_title("ASR while training")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=1)
     fig.tight_layout()
     fig.savefig(paths[1], dpi=100)
     plt.close(fig)
