@@ -107,6 +107,16 @@ def test_exploration_temperature_option_makes_a_variant_of_the_default():
     assert [t["default_example"] for t in frontier.plan(args)] == [True, True]
 
 
+def test_knob_names_reward_inv_temp_only_where_it_differs_from_the_earlier_runs():
+    """Every run recorded before the replay's prioritisation became a knob used reward_inv_temp 1.0: a run at 1.0 keeps
+    their knob (and replaces its twin), a run at any other value is a different point of the frontier."""
+    from tba_redteam import config as default
+
+    knobs = [frontier.tba_knob(default.copy(copy_frozen=False).training(reward_inv_temp=t)) for t in (1.0, 2.0)]
+    assert "reward_inv_temp" not in knobs[0] and knobs[1]["reward_inv_temp"] == 2.0
+    assert {k: v for k, v in knobs[1].items() if k != "reward_inv_temp"} == knobs[0]
+
+
 def test_math_seeds_goal_needs_three_seeds_each_gaining_five_points():
     import math_seeds
 

@@ -91,6 +91,8 @@ def tba_knob(config) -> dict:
             "reward": config.env_config.get("reward", RedTeamEnv.default_config["reward"])}
     if config.exploration_temperature is not None:  # (a list: what the JSON holds)
         knob["exploration_temperature"] = [float(t) for t in config.exploration_temperature]
+    if config.reward_inv_temp != 1.0:  # every run before reward_inv_temp became part of the knob used 1.0
+        knob["reward_inv_temp"] = config.reward_inv_temp
     return knob
 
 
