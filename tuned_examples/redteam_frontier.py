@@ -350,7 +350,7 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
     ax.set_ylabel(f"ASR (%), {runs[0]['eval']['n'] if runs else 256} attacks")
     ax.set_title("red-team frontier: one point per training run")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=1)  # below: no point hidden
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1)  # below: no point hidden
     fig.tight_layout()
     fig.savefig(paths[0], dpi=100)
     plt.close(fig)
@@ -369,7 +369,7 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
     ax.set_ylabel("searchers' ASR over the last 64 attacks (%)")
     ax.set_title("ASR while training")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=1)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1)
     fig.tight_layout()
     fig.savefig(paths[1], dpi=100)
     plt.close(fig)
