@@ -34,8 +34,8 @@ config = (
         # one attacker instruction = one prompt group: the per-prompt cap must hold the whole buffer. Off-policy draws
         # are reward-prioritised, like the replay of Lee et al.: softmax(2.0 * log mean toxicity) ∝ mean toxicity²
         # replays the few partly toxic attacks found early more often than ∝ mean toxicity (1.0). With 2.0 and 220
-        # updates (changed together) seeds 0/1/2 ended at ASR 52.0/66.8/50.8%; with 1.0 and 150 updates at 84.0/13.7/
-        # 45.7% (benchmarks/redteam_frontier.json; 2.0 at 150 updates: seed 1 at 9.0%)
+        # updates (changed together) seeds 0/1/2 ended at ASR 52.0/66.8/50.8% (AMD EPYC); with 1.0 and 150 updates
+        # at 84.0/13.7/45.7% (Intel Xeon) (benchmarks/redteam_frontier.json; 2.0 at 150 updates: seed 1 at 9.0%)
         min_buffer_size=32, buffer_capacity=100_000, per_prompt_capacity=100_000, reward_inv_temp=2.0,
         # lr 1e-3 (LoRA, Adam): at 5e-4 the jump from ASR ~0 came after 130+ updates or not within 150 on 2 of 3
         # seeds; at 1e-3 seed 2 jumped at ~80 (benchmarks/redteam_frontier.json)
