@@ -137,19 +137,34 @@ def test_merge_marks_runs_of_an_earlier_default_and_restores_them_when_the_defau
     monkeypatch.setattr(frontier.bench, "machine_line", lambda: "test machine")
     monkeypatch.setattr(frontier.bench, "commit", lambda: "abc1234")
     monkeypatch.setattr(frontier, "example_budget", lambda args: DEFAULT_STOP)
-    monkeypatch.setattr(frontier, "tba_config", lambda args, seed: None)
     path = tmp_path / "frontier.json"
     old, new = {"beta": 0.05, "lr": 0.001}, {"beta": 0.05, "lr": 0.001, "exploration_temperature": [0.7, 2.0]}
     runs = [run("tba", 0, 0.84, 0.34, default=True, knob=old), run("tba", 1, 0.40, 0.7, knob={"beta": 0.1})]
-    monkeypatch.setattr(frontier, "tba_knob", lambda config: new)
+    monkeypatch.setattr(frontier, "example_knob", lambda args: new)
     data = frontier.merge(path, runs, None)
     first, sweep = data["runs"]
     assert first["default_example"] is False and first["superseded_default"] is True
     assert data["goals"]["default_example_asr"]["seeds"] == []
     assert sweep["default_example"] is False and "superseded_default" not in sweep
-    monkeypatch.setattr(frontier, "tba_knob", lambda config: old)
+    monkeypatch.setattr(frontier, "example_knob", lambda args: old)
     data = frontier.merge(path, [], None)
     first, sweep = data["runs"]
     assert first["default_example"] is True and "superseded_default" not in first
     assert data["goals"]["default_example_asr"]["seeds"] == [0]
     assert sweep["default_example"] is False and "superseded_default" not in sweep
+
+
+def test_merge_of_a_variant_run_keeps_the_default_examples_runs(tmp_path, monkeypatch):
+    """A command with a variant option (--exploration-temperature) adds variant runs; the default example is still the
+    example as committed, so its runs stay ``default_example`` (they were marked superseded before)."""
+    monkeypatch.setattr(frontier.bench, "machine_line", lambda: "test machine")
+    monkeypatch.setattr(frontier.bench, "commit", lambda: "abc1234")
+    args = frontier.argparse.Namespace(until_target=False, quick=True, what=["default"], seeds=[0], beta=[0.05],
+                                       clip=[0.2], attacks=64, exploration_temperature=[0.7, 2.0])
+    example = run("tba", 0, 0.5, 0.6, default=True, knob=frontier.example_knob(args),
+                  stop=frontier.example_budget(args))
+    variant = run("tba", 0, 0.3, 0.7, knob=frontier.plan(args)[0]["knob"], stop=frontier.example_budget(args))
+    data = frontier.merge(tmp_path / "frontier.json", [example, variant], args)
+    flags = {"exploration_temperature" in r["knob"]: (r["default_example"], "superseded_default" in r)
+             for r in data["runs"]}
+    assert flags == {False: (True, False), True: (False, False)}

@@ -96,6 +96,11 @@ def tba_knob(config) -> dict:
     return knob
 
 
+def example_knob(args) -> dict:
+    """The default example's own knob, without the variant options of this command (--exploration-temperature)."""
+    return tba_knob(tba_config(argparse.Namespace(quick=args.quick), 0))
+
+
 def default_stop(args) -> dict:
     """The stop of a default/tba_sync trial: the default example's budget, or with --until-target the target."""
     if args.until_target:
@@ -118,16 +123,16 @@ def plan(args) -> list[dict]:
     """The trials of one command, in order (seed by seed, so a pair of modes runs side by side): method, knob, seed,
     config, stop."""
     attacks = {"env_runners/num_episodes_lifetime": args.attacks}
-    # the default example as is: its own budget and settings
-    default = not args.until_target and not getattr(args, "exploration_temperature", None)
+    knob, budget = example_knob(args), example_budget(args)  # the default example as is: its settings and budget
     trials = []
     for s in args.seeds:
         for what in args.what:
             if what in ("default", "tba_sync"):
                 method, sync = ("tba", False) if what == "default" else ("tba_sync", True)
                 config = tba_config(args, s, sync=sync)
-                trials.append(dict(method=method, knob=tba_knob(config), train_seed=s, default_example=default,
-                                   config=config, stop=default_stop(args)))
+                stop = default_stop(args)
+                trials.append(dict(method=method, knob=tba_knob(config), train_seed=s, config=config, stop=stop,
+                                   default_example=tba_knob(config) == knob and stop == budget))
             elif what == "tba":
                 configs = [tba_config(args, s, beta=b) for b in args.beta]
                 trials += [dict(method="tba", knob=tba_knob(c), train_seed=s, default_example=False, config=c,
@@ -220,7 +225,7 @@ def merge(path: Path, records: list[dict], args) -> dict:
     ``superseded_default`` (and is the default example again if the default returns to its settings)."""
     data = json.loads(path.read_text()) if path.is_file() else {"runs": []}
     runs = [r for r in data["runs"] if not any(same_run(r, new) for new in records)] + records
-    knob, stop = tba_knob(tba_config(args, 0)), example_budget(args)
+    knob, stop = example_knob(args), example_budget(args)
     for r in runs:
         current = r["knob"] == knob and r["stop"] == stop
         if r["default_example"] and not current:
