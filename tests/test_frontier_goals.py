@@ -4,6 +4,8 @@ each bar is computed from the records the way the issue states it, with answers 
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tuned_examples"))
 
@@ -168,3 +170,19 @@ def test_merge_of_a_variant_run_keeps_the_default_examples_runs(tmp_path, monkey
     flags = {"exploration_temperature" in r["knob"]: (r["default_example"], "superseded_default" in r)
              for r in data["runs"]}
     assert flags == {False: (True, False), True: (False, False)}
+
+
+def test_updates_option_trains_the_default_settings_longer_as_a_run_of_its_own():
+    """--updates N: the default example's settings stopped after N learner updates; not the default example (its bar
+    counts only the example as committed), and its own point of the frontier (another stop)."""
+    args = frontier.argparse.Namespace(until_target=False, quick=True, what=["default"], seeds=[0], beta=[0.05],
+                                       clip=[0.2], attacks=64, updates=40)
+    (trial,) = frontier.plan(args)
+    assert trial["stop"] == {"tba/weights_version": 40} != frontier.example_budget(args)
+    assert trial["knob"] == frontier.example_knob(args) and trial["default_example"] is False
+    args.updates = None
+    assert frontier.plan(args)[0]["default_example"] is True
+    with pytest.raises(SystemExit):
+        frontier.main(["default", "--quick", "--updates", "0"])
+    with pytest.raises(SystemExit):
+        frontier.main(["default", "--quick", "--updates", "40", "--until-target"])

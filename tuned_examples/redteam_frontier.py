@@ -7,6 +7,7 @@ drawn from that file.
     python tuned_examples/redteam_frontier.py ppo --clip 0.1 0.2 0.3    # PPO over its clip range, same budget
     python tuned_examples/redteam_frontier.py tba_sync --seeds 0        # the default example with async_mode=False
     python tuned_examples/redteam_frontier.py default tba_sync --seeds 0 --until-target   # time to ASR 25%, both modes
+    python tuned_examples/redteam_frontier.py default --seeds 0 --updates 640   # the default's settings, trained longer
     python tuned_examples/redteam_frontier.py default --seeds 1 --exploration-temperature 0.7 2.0  # a sampler variant
     python tuned_examples/redteam_frontier.py plot                      # only redraw the pictures from the JSON
 
@@ -102,11 +103,14 @@ def example_knob(args) -> dict:
 
 
 def default_stop(args) -> dict:
-    """The stop of a default/tba_sync trial: the default example's budget, or with --until-target the target."""
+    """The stop of a default/tba_sync trial: the default example's budget, --updates learner updates, or with
+    --until-target the target."""
     if args.until_target:
         # Tune stops a trial when any value reaches its bound; the reached-at time is NaN until the searchers' ASR
         # over their last 64 attacks first reaches the target, then a unix time (>= 0)
         return {f"task/success_rate_{TARGET:g}_reached_at": 0, "tba/weights_version": args.max_updates}
+    if getattr(args, "updates", None):
+        return {"tba/weights_version": args.updates}
     return example_budget(args)
 
 
@@ -148,6 +152,8 @@ def train(trial: dict, storage: Path):
     name = f"{trial['method']}_{'_'.join(f'{k}{v}' for k, v in trial['knob'].items())}_seed{trial['train_seed']}"
     if any(key.endswith("_reached_at") for key in trial["stop"]):
         name += "_until_target"
+    elif list(trial["stop"]) == ["tba/weights_version"]:  # the example's budget, or --updates
+        name += f"_{trial['stop']['tba/weights_version']}updates"
     algo = "TBA" if trial["method"] != "ppo" else "PPO"
     tuner = tune.Tuner(algo, param_space=trial["config"],
                        run_config=tune.RunConfig(name=name, storage_path=str(storage), stop=trial["stop"], verbose=0,
@@ -411,10 +417,16 @@ def main(argv=None) -> dict:
                     help="default/tba_sync: stop when the searchers' ASR over 64 attacks reaches 25%%, not on the "
                          "default example's budget")
     ap.add_argument("--max-updates", type=int, default=400, help="--until-target: give up after this many updates")
+    ap.add_argument("--updates", type=int,
+                    help="default/tba_sync: stop after this many learner updates instead of the default example's "
+                         "budget (a longer run of the same settings: not the default example)")
     ap.add_argument("--exploration-temperature", type=float, nargs=2, metavar=("LOW", "HIGH"),
                     help="TBA runs: searchers sample each attack at a temperature ~ U[LOW, HIGH] (the paper: 0.7 2.0); "
                          "runs of the default example with it are a variant, not the default")
     args, out = parse_run_args(ap, argv, DEFAULT_OUT, "redteam_frontier")
+    if args.updates is not None and (args.updates < 1 or args.until_target):
+        ap.error(f"--updates {args.updates}: give a number of learner updates >= 1, and not with --until-target "
+                 "(that stops at the target or --max-updates)")
     if "plot" in args.what and len(args.what) > 1:
         ap.error("plot only redraws the pictures: give it alone")
     if args.what != ["plot"]:
