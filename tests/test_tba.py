@@ -338,4 +338,16 @@ def test_auto_precision_uses_bf16_only_where_it_is_native(monkeypatch):
     for native, expected in ((False, "float32"), (True, "bfloat16")):
         monkeypatch.setattr(llm_runtime, "has_fast_bf16", lambda device="cpu", native=native: native)
         assert llm_runtime.resolve_dtype("auto") == expected
+
+
+def test_native_bf16_means_amx_on_a_cpu():
+    """bf16 is chosen on a CPU only with AMX: AVX2-only CPUs emulate it, and an AVX512-BF16 CPU without AMX measured
+    slower in bf16 than fp32 for both the learner step and vLLM generation (docs/cpu_gpu.md)."""
+    from envs.llm_runtime import has_fast_bf16
+
+    avx2 = "flags\t\t: fpu sse2 avx avx2 fma\n"
+    avx512_bf16 = "flags\t\t: fpu avx2 avx512f avx512_bf16 avx512_fp16 avx512_vnni\n"
+    amx = "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
+    assert [has_fast_bf16("cpu", f) for f in (avx2, avx512_bf16, amx)] == [False, False, True]
+    assert has_fast_bf16("cuda:0", avx2) is True
     assert TBAConfig().searcher_dtype == "auto"

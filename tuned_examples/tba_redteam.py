@@ -41,7 +41,7 @@ config = (
         # seeds; at 1e-3 seed 2 jumped at ~80 (benchmarks/redteam_frontier.json)
         lr=1e-3, grad_clip=1.0, updates_per_iteration=5,
         # CPU budget: LoRA on every linear layer; bf16 autocast (~2x cheaper) only where the CPU has native bf16
-        # (AVX512-BF16/AMX): AVX2-only CPUs emulate bf16, and there it is several times SLOWER than fp32
+        # (AMX): AVX2-only CPUs emulate bf16, and there it is several times SLOWER than fp32
         lora={"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}, learner_precision="auto",
     )
     .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
