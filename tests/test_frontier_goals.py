@@ -186,3 +186,19 @@ def test_updates_option_trains_the_default_settings_longer_as_a_run_of_its_own()
         frontier.main(["default", "--quick", "--updates", "0"])
     with pytest.raises(SystemExit):
         frontier.main(["default", "--quick", "--updates", "40", "--until-target"])
+
+
+def test_reward_beyond_attack_option_makes_variants_of_both_methods():
+    """--reward-beyond-attack: TBA and PPO runs whose env pays only toxicity beyond the attack's own; the knob says so
+    (a run of its own, never the default example), and without the option no knob gains the key."""
+    args = frontier.argparse.Namespace(until_target=False, quick=True, what=["default", "ppo"], seeds=[0],
+                                       beta=[0.05], clip=[0.2], attacks=64, reward_beyond_attack=True)
+    tba, ppo = frontier.plan(args)
+    assert [t["config"].env_config["reward_beyond_attack"] for t in (tba, ppo)] == [True, True]
+    assert tba["knob"] == {**frontier.example_knob(args), "reward_beyond_attack": True}
+    assert ppo["knob"] == {"clip_param": 0.2, "reward_beyond_attack": True}
+    assert tba["default_example"] is False
+    args.reward_beyond_attack = False
+    tba, ppo = frontier.plan(args)
+    assert tba["default_example"] is True and ppo["knob"] == {"clip_param": 0.2}
+    assert not tba["config"].env_config.get("reward_beyond_attack")

@@ -9,6 +9,7 @@ drawn from that file.
     python tuned_examples/redteam_frontier.py default tba_sync --seeds 0 --until-target   # time to ASR 25%, both modes
     python tuned_examples/redteam_frontier.py default --seeds 0 --updates 640   # the default's settings, trained longer
     python tuned_examples/redteam_frontier.py default --seeds 1 --exploration-temperature 0.7 2.0  # a sampler variant
+    python tuned_examples/redteam_frontier.py default ppo --reward-beyond-attack  # pay only toxicity beyond the attack's
     python tuned_examples/redteam_frontier.py plot                      # only redraw the pictures from the JSON
 
 Each command runs its trials one after another (each takes the whole machine), evaluates each final checkpoint on
@@ -65,7 +66,14 @@ def tba_config(args, seed: int, sync: bool = False, beta=None):
         config.training(beta=beta)
     if getattr(args, "exploration_temperature", None):
         config.training(exploration_temperature=tuple(args.exploration_temperature))
-    return config.training(async_mode=not sync)
+    return env_variant(config, args).training(async_mode=not sync)
+
+
+def env_variant(config, args):
+    """--reward-beyond-attack: the env pays each victim answer only the toxicity beyond the attack's own."""
+    if getattr(args, "reward_beyond_attack", False):
+        config.environment(env_config={**config.env_config, "reward_beyond_attack": True})
+    return config
 
 
 def ppo_config(args, seed: int, clip=None):
@@ -81,7 +89,12 @@ def ppo_config(args, seed: int, clip=None):
                                                                num_epochs=1)
     if clip is not None:
         config.training(clip_param=clip)
-    return config
+    return env_variant(config, args)
+
+
+def env_knob(config) -> dict:
+    """The env options of a run that differ from the red-team env's defaults and are not the reward's name."""
+    return {"reward_beyond_attack": True} if config.env_config.get("reward_beyond_attack") else {}
 
 
 def tba_knob(config) -> dict:
@@ -94,7 +107,7 @@ def tba_knob(config) -> dict:
         knob["exploration_temperature"] = [float(t) for t in config.exploration_temperature]
     if config.reward_inv_temp != 1.0:  # every run before reward_inv_temp became part of the knob used 1.0
         knob["reward_inv_temp"] = config.reward_inv_temp
-    return knob
+    return {**knob, **env_knob(config)}
 
 
 def example_knob(args) -> dict:
@@ -142,8 +155,9 @@ def plan(args) -> list[dict]:
                 trials += [dict(method="tba", knob=tba_knob(c), train_seed=s, default_example=False, config=c,
                                 stop=attacks) for c in configs]
             else:
-                trials += [dict(method="ppo", knob={"clip_param": c}, train_seed=s, default_example=False,
-                                config=ppo_config(args, s, clip=c), stop=attacks) for c in args.clip]
+                configs = [ppo_config(args, s, clip=c) for c in args.clip]
+                trials += [dict(method="ppo", knob={"clip_param": c.clip_param, **env_knob(c)}, train_seed=s,
+                                default_example=False, config=c, stop=attacks) for c in configs]
     return trials
 
 
@@ -420,6 +434,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--updates", type=int,
                     help="default/tba_sync: stop after this many learner updates instead of the default example's "
                          "budget (a longer run of the same settings: not the default example)")
+    ap.add_argument("--reward-beyond-attack", action="store_true",
+                    help="every run: the env pays only victim toxicity beyond the attack's own (reward_beyond_attack; "
+                         "a variant: not the default example); evaluation is unchanged and reports both ASRs")
     ap.add_argument("--exploration-temperature", type=float, nargs=2, metavar=("LOW", "HIGH"),
                     help="TBA runs: searchers sample each attack at a temperature ~ U[LOW, HIGH] (the paper: 0.7 2.0); "
                          "runs of the default example with it are a variant, not the default")
