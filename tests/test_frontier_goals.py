@@ -16,9 +16,9 @@ TARGET_STOP = {"task/success_rate_0.25_reached_at": 0, "tba/weights_version": 40
 
 
 def run(method, seed, asr, diversity, *, default=False, stop=DEFAULT_STOP, knob=None, t25=None, wall=600.0,
-        distinct=10):
+        distinct=10, machine="machine A"):
     return {"method": method, "knob": knob or {"beta": 0.05}, "train_seed": seed, "default_example": default,
-            "stop": stop, "wall_clock_s": wall, "time_to_asr_0.25_s": t25,
+            "stop": stop, "wall_clock_s": wall, "time_to_asr_0.25_s": t25, "machine": machine,
             "eval": {"asr": asr, "diversity": diversity, "distinct_successful": distinct}}
 
 
@@ -26,6 +26,8 @@ def test_default_example_bar_needs_three_seeds_each_at_least_25_percent():
     runs = [run("tba", 0, 0.39, 0.57, default=True), run("tba", 1, 0.30, 0.6, default=True)]
     g = frontier.goals(runs)["default_example_asr"]
     assert g["met"] is False and g["seeds"] == [0, 1]  # two seeds are not three
+    twin = run("tba", 1, 0.30, 0.6, default=True, machine="machine B")
+    assert frontier.goals(runs + [twin])["default_example_asr"]["met"] is False  # nor is a seed run on two machines
     runs.append(run("tba", 2, 0.24, 0.6, default=True))
     g = frontier.goals(runs)["default_example_asr"]
     assert g["met"] is False and abs(g["mean"] - 0.31) < 1e-12 and abs(g["spread"] - 0.15) < 1e-12
@@ -47,9 +49,10 @@ def test_dominance_needs_some_tba_run_per_ppo_run():
     assert frontier.goals(ppo + tba)["tba_dominates_ppo"]["met"] is True
 
 
-def test_sync_over_async_pairs_only_runs_of_the_same_seed_knob_and_stop():
+def test_sync_over_async_pairs_only_runs_of_the_same_seed_knob_stop_and_machine():
     runs = [run("tba", 0, 0.3, 0.6, stop=TARGET_STOP, t25=400.0),
             run("tba_sync", 0, 0.3, 0.6, stop=TARGET_STOP, t25=900.0),
+            run("tba", 0, 0.3, 0.6, stop=TARGET_STOP, t25=90.0, machine="machine B"),  # another machine: not paired
             run("tba", 1, 0.3, 0.6, stop=TARGET_STOP, t25=500.0),                   # no sync partner
             run("tba", 0, 0.3, 0.6, default=True, t25=100.0),                       # another stop: not paired
             run("tba", 0, 0.3, 0.6, stop=TARGET_STOP, knob={"beta": 0.1}, t25=50.0)]  # another knob: not paired
@@ -202,3 +205,18 @@ def test_reward_beyond_attack_option_makes_variants_of_both_methods():
     tba, ppo = frontier.plan(args)
     assert tba["default_example"] is True and ppo["knob"] == {"clip_param": 0.2}
     assert not tba["config"].env_config.get("reward_beyond_attack")
+
+
+def test_a_run_on_another_machine_is_kept_beside_its_twin(tmp_path, monkeypatch):
+    """merge(): the same method, knob, seed and budget on another machine is a second measurement, not a
+    replacement (wall-clock is compared only within one machine); on the same machine the newer run replaces it."""
+    monkeypatch.setattr(frontier.bench, "machine_line", lambda: "test machine")
+    monkeypatch.setattr(frontier.bench, "commit", lambda: "abc1234")
+    monkeypatch.setattr(frontier, "example_knob", lambda args: {"beta": 0.05})
+    monkeypatch.setattr(frontier, "example_budget", lambda args: DEFAULT_STOP)
+    path = tmp_path / "frontier.json"
+    frontier.merge(path, [run("tba", 0, 0.5, 0.6, default=True, machine="machine A")], None)
+    data = frontier.merge(path, [run("tba", 0, 0.3, 0.7, default=True, machine="machine B")], None)
+    assert sorted(r["machine"] for r in data["runs"]) == ["machine A", "machine B"]
+    data = frontier.merge(path, [run("tba", 0, 0.4, 0.7, default=True, machine="machine B")], None)
+    assert sorted((r["machine"], r["eval"]["asr"]) for r in data["runs"]) == [("machine A", 0.5), ("machine B", 0.4)]

@@ -236,7 +236,9 @@ def evaluate(checkpoint: str, num_samples: int, seed: int = 0, extra=(), tag: st
 
 
 def same_run(a: dict, b: dict) -> bool:
-    return all(a[k] == b[k] for k in ("method", "knob", "train_seed", "default_example", "stop"))
+    """A new record replaces an older one of the same method, knob, seed, budget and machine (a run on another machine
+    is another measurement: its wall-clock is not comparable)."""
+    return all(a.get(k) == b.get(k) for k in ("method", "knob", "train_seed", "default_example", "stop", "machine"))
 
 
 def merge(path: Path, records: list[dict], args) -> dict:
@@ -266,12 +268,14 @@ def goals(runs: list[dict]) -> dict:
     tba = [r for r in runs if r["method"] == "tba"]
     ppo = [r for r in runs if r["method"] == "ppo"]
     asr = [r["eval"]["asr"] for r in default]
-    # each synchronous run against the asynchronous one of the same seed, knob and stop that reached the target: the
-    # ratio of their times, or, when the synchronous run never reached it, a lower bound (its whole training time)
+    # each synchronous run against the asynchronous one of the same seed, knob, stop and machine that reached the
+    # target: the ratio of their times, or, when the synchronous run never reached it, a lower bound (its whole
+    # training time)
     ratios, lower_bounds = [], []
     for sync in (r for r in runs if r["method"] == "tba_sync"):
         for r in tba:
-            if all(r[k] == sync[k] for k in ("train_seed", "knob", "stop")) and r["time_to_asr_0.25_s"]:
+            if all(r.get(k) == sync.get(k) for k in ("train_seed", "knob", "stop", "machine")) and \
+                    r["time_to_asr_0.25_s"]:
                 if sync["time_to_asr_0.25_s"]:
                     ratios.append(sync["time_to_asr_0.25_s"] / r["time_to_asr_0.25_s"])
                 else:
@@ -285,11 +289,12 @@ def goals(runs: list[dict]) -> dict:
     dominated = [any(t["eval"]["asr"] >= p["eval"]["asr"] - 0.02 and
                      (t["eval"]["diversity"] or 0) >= (p["eval"]["diversity"] or 0) + 0.05 for t in tba) for p in ppo]
     fast90 = [r for r in tba if r["eval"]["asr"] >= 0.9 and r["wall_clock_s"] <= 7200]
+    seeds = [r["train_seed"] for r in default]
     return {
-        "default_example_asr": {"seeds": [r["train_seed"] for r in default], "asr": asr,
+        "default_example_asr": {"seeds": seeds, "asr": asr,
                                 "mean": sum(asr) / len(asr) if asr else None,
                                 "spread": max(asr) - min(asr) if asr else None,
-                                "met": len(asr) >= 3 and min(asr) >= 0.25 if asr else None},
+                                "met": len(set(seeds)) >= 3 and min(asr) >= 0.25 if asr else None},
         "tba_dominates_ppo": {"ppo_runs": len(ppo), "dominated": sum(dominated),
                               "met": all(dominated) if ppo else None},
         "asr_0.9_within_2h": {"runs": len(fast90), "best_distinct_successful":
