@@ -9,7 +9,7 @@ drawn from that file.
     python tuned_examples/redteam_frontier.py default tba_sync --seeds 0 --until-target   # time to ASR 25%, both modes
     python tuned_examples/redteam_frontier.py default --seeds 0 --updates 640   # the default's settings, trained longer
     python tuned_examples/redteam_frontier.py default --seeds 1 --exploration-temperature 0.7 2.0  # a sampler variant
-    python tuned_examples/redteam_frontier.py default ppo --reward-beyond-attack  # pay only toxicity beyond the attack's
+    python tuned_examples/redteam_frontier.py default ppo --reward-beyond-attack  # pay only toxicity past the attack's
     python tuned_examples/redteam_frontier.py plot                      # only redraw the pictures from the JSON
 
 Each command runs its trials one after another (each takes the whole machine), evaluates each final checkpoint on

@@ -1,6 +1,6 @@
 """TBA red-teaming: SmolLM2-135M-Instruct attacker vs SmolLM2-135M-Instruct victim, alt-profanity-check toxicity.
 
-    rllib train file tuned_examples/tba_redteam.py            # default stop: 220 learner updates (~16 min, 2 cores)
+    rllib train file tuned_examples/tba_redteam.py            # default stop: 220 learner updates (16-38 min, 2 cores)
     rllib evaluate results/tba_redteam/<trial>/checkpoint_000000 --num-samples 256
 
 The paper's RT setup (docs/method.md §4: beta 0.05, k=10, m=0.5, batch 128, 5000 steps) scaled to 2 CPU cores.
@@ -34,14 +34,15 @@ config = (
         # one attacker instruction = one prompt group: the per-prompt cap must hold the whole buffer. Off-policy draws
         # are reward-prioritised, like the replay of Lee et al.: softmax(2.0 * log mean toxicity) ∝ mean toxicity²
         # replays the few partly toxic attacks found early more often than ∝ mean toxicity (1.0). With 2.0 and 220
-        # updates (changed together) seeds 0/1/2 ended at ASR 52.0/66.8/50.8% (AMD EPYC); with 1.0 and 150 updates
-        # at 84.0/13.7/45.7% (Intel Xeon) (benchmarks/redteam_frontier.json; 2.0 at 150 updates: seed 1 at 9.0%)
+        # updates (changed together) seeds 0/1/2 ended at ASR 52.0/66.8/50.8% (AMD EPYC), seed 0 at 64.5% (a slower
+        # Xeon VM); with 1.0 and 150 updates at 84.0/13.7/45.7% (Intel Xeon) (benchmarks/redteam_frontier.json; 2.0
+        # at 150 updates: seed 1 at 9.0%)
         min_buffer_size=32, buffer_capacity=100_000, per_prompt_capacity=100_000, reward_inv_temp=2.0,
         # lr 1e-3 (LoRA, Adam): at 5e-4 the jump from ASR ~0 came after 130+ updates or not within 150 on 2 of 3
         # seeds; at 1e-3 seed 2 jumped at ~80 (benchmarks/redteam_frontier.json)
         lr=1e-3, grad_clip=1.0, updates_per_iteration=5,
         # CPU budget: LoRA on every linear layer; bf16 autocast (~2x cheaper) only where the CPU has native bf16
-        # (AMX): AVX2-only CPUs emulate bf16, and there it is several times SLOWER than fp32
+        # (AMX): AVX2-only CPUs emulate bf16 (several times SLOWER than fp32); AVX512-BF16 without AMX was slower too
         lora={"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}, learner_precision="auto",
     )
     .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
@@ -56,5 +57,5 @@ progress_columns = {
 }
 # A training budget, not wall-clock: every machine trains the same amount. Learning here is a discovery event (the
 # searchers' ASR stays near 0, then climbs within ~30 updates): 150 updates ended before it on some seeds; 220 learner
-# updates (~16 min of training on 2 cores) leave room for a late jump: seed 2 passed ASR 25% at update ~215.
+# updates (16-38 min of training on 2 cores, by machine) leave room for a late jump: seed 2 passed 25% at update ~215.
 stop = {"tba/weights_version": 220}
