@@ -338,6 +338,7 @@ def test_auto_precision_uses_bf16_only_where_it_is_native(monkeypatch):
     for native, expected in ((False, "float32"), (True, "bfloat16")):
         monkeypatch.setattr(llm_runtime, "has_fast_bf16", lambda device="cpu", native=native: native)
         assert llm_runtime.resolve_dtype("auto") == expected
+    assert TBAConfig().searcher_dtype == "auto"
 
 
 def test_native_bf16_means_amx_on_a_cpu():
@@ -350,4 +351,3 @@ def test_native_bf16_means_amx_on_a_cpu():
     amx = "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
     assert [has_fast_bf16("cpu", f) for f in (avx2, avx512_bf16, amx)] == [False, False, True]
     assert has_fast_bf16("cuda:0", avx2) is True
-    assert TBAConfig().searcher_dtype == "auto"
