@@ -222,11 +222,11 @@ class TBAConfig(AlgorithmConfig):
                 none is left. >= sync_every − 1 (a sample generated right after a sync is needed until the next
                 one). Like TRL's max_staleness or AReaL's max_head_offpolicyness. Default None.
             updates_per_iteration: Learner updates per training_step() call (>= 1). Default 1.
-            searcher_dtype: vLLM weight dtype on the searchers: "auto" (bfloat16 on GPUs and on CPUs with native
-                bf16 — AMX —, else float32: an AVX2-only CPU generates ~6x faster in fp32), "bfloat16",
+            searcher_dtype: vLLM weight dtype on the searchers: "auto" (bfloat16 on GPUs and on CPUs with AMX,
+                else float32: an AVX2-only CPU generates ~6x faster in fp32), "bfloat16",
                 "float32" or "float16". The learner keeps fp32 master weights. Default "auto".
             learner_precision: "fp32", "bf16-mixed" (bf16 autocast matmuls, fp32 master weights and log-softmax) or
-                "auto" (bf16-mixed on GPUs and on CPUs with native bf16 — AMX — else fp32: AVX2-only
+                "auto" (bf16-mixed on GPUs and on CPUs with AMX, else fp32: AVX2-only
                 CPUs emulate bf16, several times slower than fp32). Default "fp32".
             **kwargs: RLlib's own `AlgorithmConfig.training()` settings: `lr` (GSM8K 1e-5, TL;DR 3e-6; default
                 1e-5), `grad_clip` (default 1.0 as in Lee et al.; None = no clipping), `grad_clip_by`, ...
