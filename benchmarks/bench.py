@@ -347,18 +347,32 @@ def load_config(args):
 
 
 # ---- reporting ---------------------------------------------------------------------------------------------------
+def cpu_name(cpuinfo: str) -> str:
+    """The first CPU's model name from /proc/cpuinfo text. Virtual machines often report a bare family name ("Intel(R)
+    Xeon(R) Processor", "AMD EPYC") that hides which generation runs the code; such a name gets the CPU's family and
+    model numbers, so runs on two different hosts of one vendor are not taken for runs on one machine."""
+    fields = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            if fields:  # the end of the first CPU's block
+                break
+            continue
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name", "")
+    if name and not any(ch.isdigit() for ch in name) and "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']}, model {fields['model']})"
+    return name
+
+
 def machine() -> dict:
     import torch
     import vllm
 
-    cpu = platform.processor()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        cpu = cpu_name(Path("/proc/cpuinfo").read_text()) or platform.processor()
     except OSError:
-        pass
+        cpu = platform.processor()
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
             "vllm": vllm.__version__, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 

@@ -220,3 +220,19 @@ def test_a_run_on_another_machine_is_kept_beside_its_twin(tmp_path, monkeypatch)
     assert sorted(r["machine"] for r in data["runs"]) == ["machine A", "machine B"]
     data = frontier.merge(path, [run("tba", 0, 0.4, 0.7, default=True, machine="machine B")], None)
     assert sorted((r["machine"], r["eval"]["asr"]) for r in data["runs"]) == [("machine A", 0.5), ("machine B", 0.4)]
+
+
+def test_machine_name_tells_apart_hosts_that_report_a_bare_family_name():
+    """A VM's bare "Intel(R) Xeon(R) Processor" names two different hosts alike: the family/model numbers are added
+    (from the first CPU's block only); a name that already carries a model number is kept as it is."""
+    def cpuinfo(name, family, model):
+        block = f"processor\t: {{}}\nvendor_id\t: X\ncpu family\t: {family}\nmodel\t\t: {model}\nmodel name\t: {name}\n"
+        return block.format(0) + "\n" + block.format(1).replace(f"model\t\t: {model}", "model\t\t: 1")
+
+    emerald = frontier.bench.cpu_name(cpuinfo("Intel(R) Xeon(R) Processor", 6, 207))
+    sapphire = frontier.bench.cpu_name(cpuinfo("Intel(R) Xeon(R) Processor", 6, 143))
+    assert emerald == "Intel(R) Xeon(R) Processor (family 6, model 207)" and emerald != sapphire
+    assert frontier.bench.cpu_name(cpuinfo("AMD EPYC", 25, 1)) == "AMD EPYC (family 25, model 1)"
+    assert frontier.bench.cpu_name(cpuinfo("AMD EPYC 7B13 64-Core Processor", 25, 1)) == \
+        "AMD EPYC 7B13 64-Core Processor"
+    assert frontier.bench.cpu_name("") == ""
