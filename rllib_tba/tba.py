@@ -109,6 +109,7 @@ class TBAConfig(AlgorithmConfig):
         self.updates_per_iteration = 1  # learner updates per training_step() call
         self.searcher_dtype = "auto"  # vLLM weights on the searchers: bf16 where native, else fp32
         self.learner_precision = "fp32"  # or "bf16-mixed": bf16 autocast matmuls (faster on GPUs and AMX CPUs)
+        self.share_prompt_forward = True  # the learner runs each distinct prompt of a batch through the model once
         # --- RLlib defaults that suit TBA ---
         self.lr = 1e-5  # GSM8K 1e-5, TL;DR 3e-6
         self.grad_clip = 1.0  # Lee et al. clip at 1.0; None = no clipping (TBA reference code)
@@ -155,6 +156,7 @@ class TBAConfig(AlgorithmConfig):
         updates_per_iteration=NotProvided,
         searcher_dtype=NotProvided,
         learner_precision=NotProvided,
+        share_prompt_forward=NotProvided,
         **kwargs,
     ) -> "TBAConfig":
         """TBA's settings (paper symbols in brackets; paper values per task in docs/method.md §4).
@@ -228,6 +230,11 @@ class TBAConfig(AlgorithmConfig):
             learner_precision: "fp32", "bf16-mixed" (bf16 autocast matmuls, fp32 master weights and log-softmax) or
                 "auto" (bf16-mixed on GPUs and on CPUs with AMX, else fp32: AVX2-only
                 CPUs emulate bf16, several times slower than fp32). Default "fp32".
+            share_prompt_forward: The learner (policy and reference forwards) runs each distinct prompt of a
+                batch through the model once and reuses its keys/values for the prompt's K samples, instead of
+                running prompt + response for every sample: the same log-probs and gradients (up to float
+                rounding) for less compute, the more so the longer the prompt (docs/performance.md). Off under
+                the model's gradient checkpointing. Default True.
             **kwargs: RLlib's own `AlgorithmConfig.training()` settings: `lr` (GSM8K 1e-5, TL;DR 3e-6; default
                 1e-5), `grad_clip` (default 1.0 as in Lee et al.; None = no clipping), `grad_clip_by`, ...
 
@@ -293,6 +300,8 @@ class TBAConfig(AlgorithmConfig):
             self.searcher_dtype = searcher_dtype
         if learner_precision is not NotProvided:
             self.learner_precision = learner_precision
+        if share_prompt_forward is not NotProvided:
+            self.share_prompt_forward = share_prompt_forward
         return self
 
     @override(AlgorithmConfig)
@@ -384,6 +393,8 @@ class TBAConfig(AlgorithmConfig):
             err(f"searcher_dtype must be one of {SEARCHER_DTYPES}, got {self.searcher_dtype!r}")
         if self.learner_precision not in LEARNER_PRECISIONS:
             err(f"learner_precision must be one of {LEARNER_PRECISIONS}, got {self.learner_precision!r}")
+        if not isinstance(self.share_prompt_forward, bool):
+            err(f"share_prompt_forward must be True or False, got {self.share_prompt_forward!r}")
         if self.env is None:
             err("TBA needs a token-level task: config.environment('tba/RedTeam-v0' | 'tba/Math-v0' | ..., env_config=...)")
         if self.async_mode and self.num_env_runners < 1 and not self.in_evaluation:
@@ -408,7 +419,8 @@ class TBAConfig(AlgorithmConfig):
     def get_default_rl_module_spec(self) -> RLModuleSpec:
         return RLModuleSpec(module_class=TBARLModule, model_config={
             "model": self.policy_model, "temperature": self.sampling_temperature, "learn_log_z": self.learn_log_z,
-            "lora": self.lora, "value_head": False, "precision": self.learner_precision})
+            "lora": self.lora, "value_head": False, "precision": self.learner_precision,
+            "share_prompts": self.share_prompt_forward})
 
     @override(AlgorithmConfig)
     def get_default_learner_class(self):

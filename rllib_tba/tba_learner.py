@@ -92,7 +92,8 @@ class TBATorchLearner(TorchLearner):
         else:
             with torch.no_grad():
                 ref_logp = response_logprobs(self._ref_lm, batch["input_ids"], batch["attention_mask"],
-                                             batch["response_mask"], module.temperature, precision=module.precision)
+                                             batch["response_mask"], module.temperature, precision=module.precision,
+                                             share_prompts=module.share_prompts)
         logp, reward = fwd_out["logp"], batch["reward"].to(fwd_out["logp"].dtype)
         log_z = fwd_out.get("log_z")
         loss = tb_loss(logp, ref_logp, reward, batch["group"], beta, log_z)

@@ -38,6 +38,7 @@ def test_public_api_and_tune_registration():
     (dict(lora="yes"), "lora must be None or a dict"),
     (dict(max_staleness=-1), "max_staleness must be >= 0"),
     (dict(ref_logp_on="gpu"), "ref_logp_on must be one of"),
+    (dict(share_prompt_forward="yes"), "share_prompt_forward must be True or False, got 'yes'"),
     (dict(ref_logp_on="searchers", sampling_temperature=0.7), "ref_logp_on='searchers' needs sampling_temperature=1.0"),
     (dict(max_staleness=2.5), "max_staleness must be an integer"),
     (dict(max_staleness=3, sync_every=10), r"max_staleness \(3\) must be >= sync_every - 1 \(9\)"),
@@ -351,3 +352,46 @@ def test_native_bf16_means_amx_on_a_cpu():
     amx = "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
     assert [has_fast_bf16("cpu", f) for f in (avx2, avx512_bf16, amx)] == [False, False, True]
     assert has_fast_bf16("cuda:0", avx2) is True
+
+
+@pytest.mark.parametrize("lora", [None, {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}])
+def test_shared_prompt_forward_gives_the_full_forwards_logprobs_and_gradients(tiny_model, lora):
+    """share_prompts=True (each distinct prompt through the model once, its keys/values reused by its rows) equals
+    one forward of every row: the summed response log-probs and every trainable parameter's gradient, on rows of
+    two prompts of different lengths, interleaved, right-padded, one with an empty response."""
+    from transformers import AutoModelForCausalLM
+
+    from rllib_tba.tba_learner import build_train_batch
+    from rllib_tba.tba_replay_buffer import TBSample
+    from rllib_tba.tba_rl_module import response_logprobs
+
+    torch.manual_seed(0)
+    lm = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        get_peft_model(lm, LoraConfig(task_type="CAUSAL_LM", **lora))
+        for name, p in lm.named_parameters():  # B = 0 at init: give the adapters a real effect
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.1)
+    lm.train()
+    rng = np.random.default_rng(0)
+    vocab = lm.config.vocab_size
+    prompts = [tuple(int(x) for x in rng.integers(3, vocab, 7)), tuple(int(x) for x in rng.integers(3, vocab, 4))]
+    samples = [TBSample(prompt_ids=prompts[i % 2], prompt_key=i % 2, completion=rng.integers(3, vocab, n).astype(np.int32),
+                      reward=0.0, weights_version=0)
+               for i, n in enumerate([5, 3, 9, 1, 6, 0, 2, 4])]
+    batch = {k: torch.as_tensor(v) for k, v in build_train_batch(samples, np.zeros(len(samples))).items()}
+    params = [p for p in lm.parameters() if p.requires_grad]
+    results = []
+    for share in (False, True):
+        lm.zero_grad()
+        logp = response_logprobs(lm, batch["input_ids"], batch["attention_mask"], batch["response_mask"], 0.7,
+                                 share_prompts=share)
+        (logp * torch.arange(1.0, len(logp) + 1)).sum().backward()  # a different weight per row
+        results.append((logp.detach(), [p.grad.clone() for p in params]))
+    (full, full_grads), (shared, shared_grads) = results
+    assert full[5] == 0 and torch.isfinite(full).all()
+    torch.testing.assert_close(shared, full, atol=1e-4, rtol=1e-4)
+    for a, b in zip(shared_grads, full_grads):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
