@@ -10,6 +10,7 @@ drawn from that file.
     python tuned_examples/redteam_frontier.py default --seeds 0 --updates 640   # the default's settings, trained longer
     python tuned_examples/redteam_frontier.py default --seeds 1 --exploration-temperature 0.7 2.0  # a sampler variant
     python tuned_examples/redteam_frontier.py default ppo --reward-beyond-attack  # pay only toxicity past the attack's
+    python tuned_examples/redteam_frontier.py default --seeds 0 --share-prompt-forward  # the learner's cheaper forward
     python tuned_examples/redteam_frontier.py plot                      # only redraw the pictures from the JSON
 
 Each command runs its trials one after another (each takes the whole machine), evaluates each final checkpoint on
@@ -57,7 +58,7 @@ def tba_config(args, seed: int, sync: bool = False, beta=None):
         from tba_tiny import tiny_config
 
         config = tiny_config("tba/RedTeam-v0", dict(TINY_ENV), updates_per_iteration=5, training_intensity=1.0,
-                             seed=seed)
+                             seed=seed, share_prompt_forward=False)  # as the default example
     else:
         from tba_redteam import config as default
 
@@ -66,6 +67,8 @@ def tba_config(args, seed: int, sync: bool = False, beta=None):
         config.training(beta=beta)
     if getattr(args, "exploration_temperature", None):
         config.training(exploration_temperature=tuple(args.exploration_temperature))
+    if getattr(args, "share_prompt_forward", False):
+        config.training(share_prompt_forward=True)
     return env_variant(config, args).training(async_mode=not sync)
 
 
@@ -107,6 +110,8 @@ def tba_knob(config) -> dict:
         knob["exploration_temperature"] = [float(t) for t in config.exploration_temperature]
     if config.reward_inv_temp != 1.0:  # every run before reward_inv_temp became part of the knob used 1.0
         knob["reward_inv_temp"] = config.reward_inv_temp
+    if config.share_prompt_forward:  # every run before the option existed ran each sample's prompt
+        knob["share_prompt_forward"] = True
     return {**knob, **env_knob(config)}
 
 
@@ -445,6 +450,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--exploration-temperature", type=float, nargs=2, metavar=("LOW", "HIGH"),
                     help="TBA runs: searchers sample each attack at a temperature ~ U[LOW, HIGH] (the paper: 0.7 2.0); "
                          "runs of the default example with it are a variant, not the default")
+    ap.add_argument("--share-prompt-forward", action="store_true",
+                    help="TBA runs: the learner runs each distinct prompt once (share_prompt_forward=True; a cheaper "
+                         "update, so fewer attacks per update at the same budget in updates): a variant, not the default")
     args, out = parse_run_args(ap, argv, DEFAULT_OUT, "redteam_frontier")
     if args.updates is not None and (args.updates < 1 or args.until_target):
         ap.error(f"--updates {args.updates}: give a number of learner updates >= 1, and not with --until-target "

@@ -44,6 +44,9 @@ config = (
         # CPU budget: LoRA on every linear layer; bf16 autocast (~2x cheaper) only where the CPU has native bf16
         # (AMX): AVX2-only CPUs emulate bf16 (several times SLOWER than fp32); AVX512-BF16 without AMX was slower too
         lora={"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}, learner_precision="auto",
+        # the budget below is in learner updates and was validated with every sample's prompt run by the learner;
+        # share_prompt_forward (each prompt once: a cheaper update, so fewer attacks per update) is not validated here yet
+        share_prompt_forward=False,
     )
     .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
     .debugging(seed=0)
