@@ -109,7 +109,7 @@ def main(argv=None) -> dict:
         result = train(trial, Path(args.storage).resolve())
         last = result.metrics_dataframe.iloc[-1]
         base = pass_at_1(result.checkpoint.path, args, base=True) if data is None else None
-        run = {"train_seed": seed, "stop": trial["stop"], "commit": bench.commit(),
+        run = {"train_seed": seed, "stop": trial["stop"], "commit": trial["commit"],
                "learner_updates": int(last["tba/weights_version"]), "wall_clock_s": round(float(last["time_total_s"]), 1),
                "pass_at_1": pass_at_1(result.checkpoint.path, args),
                "trial_dir": result.path.replace(str(ROOT) + os.sep, "")}

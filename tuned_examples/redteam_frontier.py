@@ -167,7 +167,9 @@ def plan(args) -> list[dict]:
 
 
 def train(trial: dict, storage: Path):
-    """One Tune run of one trial (the trial's stop is a training budget: updates or attacks)."""
+    """One Tune run of one trial (the trial's stop is a training budget: updates or attacks); sets trial["commit"] to
+    the code it starts from (a commit made while it trains must not be credited with its results)."""
+    trial["commit"] = bench.commit()
     name = f"{trial['method']}_{'_'.join(f'{k}{v}' for k, v in trial['knob'].items())}_seed{trial['train_seed']}"
     if any(key.endswith("_reached_at") for key in trial["stop"]):
         name += "_until_target"
@@ -212,7 +214,7 @@ def run_record(trial: dict, result, evaluation: dict) -> dict:
     updates = last.get("tba/weights_version", last.get("learners/default_policy/num_module_steps_trained_lifetime"))
     return {
         "method": trial["method"], "knob": trial["knob"], "train_seed": trial["train_seed"],
-        "default_example": trial["default_example"], "stop": trial["stop"], "commit": bench.commit(),
+        "default_example": trial["default_example"], "stop": trial["stop"], "commit": trial["commit"],
         "machine": bench.machine_line(),  # wall-clock figures compare only between runs of one machine
         "attacks_generated": int(last["env_runners/num_episodes_lifetime"]),
         "learner_updates": None if updates is None or math.isnan(updates) else int(updates),
