@@ -354,19 +354,25 @@ def test_native_bf16_means_amx_on_a_cpu():
     assert has_fast_bf16("cuda:0", avx2) is True
 
 
-@pytest.mark.parametrize("lora", [None, {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}])
-def test_shared_prompt_forward_gives_the_full_forwards_logprobs_and_gradients(tiny_model, lora):
+@pytest.mark.parametrize("arch, lora", [("llama", None), ("llama", {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}),
+                                         ("gpt2", None)])
+def test_shared_prompt_forward_gives_the_full_forwards_logprobs_and_gradients(tiny_model, arch, lora):
     """share_prompts=True (each distinct prompt through the model once, its keys/values reused by its rows) equals
     one forward of every row: the summed response log-probs and every trainable parameter's gradient, on rows of
-    two prompts of different lengths, interleaved, right-padded, one with an empty response."""
-    from transformers import AutoModelForCausalLM
+    two prompts of different lengths, interleaved, right-padded, one with an empty response; on the tiny Llama-style
+    test model (with and without LoRA) and a randomly initialised GPT-2 (the paper's attacker architecture)."""
+    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
     from rllib_tba.tba_learner import build_train_batch
     from rllib_tba.tba_replay_buffer import TBSample
     from rllib_tba.tba_rl_module import response_logprobs
 
     torch.manual_seed(0)
-    lm = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    if arch == "gpt2":
+        lm = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=300, n_positions=64, bos_token_id=1,
+                                        eos_token_id=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    else:
+        lm = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     if lora:
         from peft import LoraConfig, get_peft_model
 
