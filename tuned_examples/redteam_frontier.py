@@ -7,7 +7,7 @@ drawn from that file.
     python tuned_examples/redteam_frontier.py ppo --clip 0.1 0.2 0.3    # PPO over its clip range, same budget
     python tuned_examples/redteam_frontier.py tba_sync --seeds 0        # the default example with async_mode=False
     python tuned_examples/redteam_frontier.py default tba_sync --seeds 0 --until-target   # time to ASR 25%, both modes
-    python tuned_examples/redteam_frontier.py default --seeds 0 --updates 640   # the default's settings, trained longer
+    python tuned_examples/redteam_frontier.py default --seeds 0 --updates 500   # the default's settings, trained longer
     python tuned_examples/redteam_frontier.py default --seeds 1 --exploration-temperature 0.7 2.0  # a sampler variant
     python tuned_examples/redteam_frontier.py default ppo --reward-beyond-attack  # pay only toxicity past the attack's
     python tuned_examples/redteam_frontier.py default --seeds 0 --share-prompt-forward  # the learner's cheaper forward
