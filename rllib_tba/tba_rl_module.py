@@ -57,9 +57,10 @@ def hidden_states(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor, res
     has_response = response_mask.bool().any(1)
     # prompt length per row: up to its first response token (a row without one is all prompt)
     lengths = torch.where(has_response, response_mask.bool().int().argmax(1), attention_mask.sum(1)).tolist()
+    ids = input_ids.tolist()  # one device-to-host copy, not one per row
     groups: dict[tuple, list[int]] = {}
     for row, length in enumerate(lengths):
-        groups.setdefault(tuple(input_ids[row, :length].tolist()), []).append(row)
+        groups.setdefault(tuple(ids[row][:length]), []).append(row)
     parts, order = [], []
     for prompt, rows in groups.items():
         n, length = len(rows), len(prompt)
