@@ -250,3 +250,6 @@ def test_machine_name_tells_apart_hosts_that_report_a_bare_family_name():
     assert frontier.bench.cpu_name(cpuinfo("AMD EPYC 7B13 64-Core Processor", 25, 1)) == \
         "AMD EPYC 7B13 64-Core Processor"
     assert frontier.bench.cpu_name("") == ""
+    # README's table and the pictures name the machine by its CPU, the family/model too (the comma inside it included)
+    assert frontier.short_machine({"machine": f"{emerald}, 2 CPUs, no GPU"}) == "Intel Xeon (family 6, model 207)"
+    assert frontier.short_machine({"machine": "AMD EPYC, 2 CPUs, no GPU"}) == "AMD EPYC"

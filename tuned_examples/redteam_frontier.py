@@ -32,6 +32,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -350,8 +351,9 @@ COLOURS = {"tba": "tab:blue", "tba_sync": "tab:green", "ppo": "tab:red"}
 
 
 def short_machine(r: dict) -> str:
-    """The run's CPU model in a word or two ("Intel Xeon", "AMD EPYC"), from its machine line."""
-    return r["machine"].split(",")[0].replace("(R)", "").replace(" Processor", "").strip()
+    """The run's CPU model in a few words ("Intel Xeon", "AMD EPYC", "Intel Xeon (family 6, model 207)"), from its
+    machine line ("<CPU name>, <n> CPUs, ...")."""
+    return re.split(r", \d+ CPUs?\b", r["machine"])[0].replace("(R)", "").replace(" Processor", "").strip()
 
 
 def run_label(r: dict) -> str:

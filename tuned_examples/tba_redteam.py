@@ -45,7 +45,8 @@ config = (
         # (AMX): AVX2-only CPUs emulate bf16 (several times SLOWER than fp32); AVX512-BF16 without AMX was slower too
         lora={"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}, learner_precision="auto",
         # the budget below is in learner updates and was validated with every sample's prompt run by the learner;
-        # share_prompt_forward (each prompt once: a cheaper update, so fewer attacks per update) is not validated here yet
+        # share_prompt_forward (each prompt once) makes updates ~1.9x more frequent on 2 cores, so 220 of them see half
+        # the attacks: seed 1 had not learned by then (docs/performance.md)
         share_prompt_forward=False,
     )
     .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
