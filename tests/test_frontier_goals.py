@@ -207,18 +207,20 @@ def test_reward_beyond_attack_option_makes_variants_of_both_methods():
     assert not tba["config"].env_config.get("reward_beyond_attack")
 
 
-def test_share_prompt_forward_option_makes_a_variant_of_the_default():
-    """--share-prompt-forward: the default example's settings and budget with the learner's shared prompt forward;
-    the knob says so (a run of its own, not the default example, which was validated without it)."""
+@pytest.mark.parametrize("option", ["share_prompt_forward", "learn_log_z"])
+def test_a_learner_option_makes_a_variant_of_the_default(option):
+    """--share-prompt-forward (the learner's shared prompt forward) and --learn-log-z (a learned logZ head instead of
+    VarGrad): the default example's settings and budget with that learner option; the knob says so (a run of its
+    own, not the default example, which was validated without it)."""
     args = frontier.argparse.Namespace(until_target=False, quick=True, what=["default", "tba_sync"], seeds=[0],
-                                       beta=[0.05], clip=[0.2], attacks=64, share_prompt_forward=True)
+                                       beta=[0.05], clip=[0.2], attacks=64, **{option: True})
     trials = frontier.plan(args)
-    assert [t["config"].share_prompt_forward for t in trials] == [True, True]
-    assert [t["knob"] for t in trials] == [{**frontier.example_knob(args), "share_prompt_forward": True}] * 2
+    assert [getattr(t["config"], option) for t in trials] == [True, True]
+    assert [t["knob"] for t in trials] == [{**frontier.example_knob(args), option: True}] * 2
     assert not any(t["default_example"] for t in trials) and trials[0]["stop"] == frontier.example_budget(args)
-    args.share_prompt_forward = False
+    setattr(args, option, False)
     assert [t["default_example"] for t in frontier.plan(args)] == [True, True]
-    assert "share_prompt_forward" not in frontier.example_knob(args)
+    assert option not in frontier.example_knob(args)
 
 
 def test_a_run_on_another_machine_is_kept_beside_its_twin(tmp_path, monkeypatch):

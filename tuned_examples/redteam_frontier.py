@@ -11,6 +11,7 @@ drawn from that file.
     python tuned_examples/redteam_frontier.py default --seeds 1 --exploration-temperature 0.7 2.0  # a sampler variant
     python tuned_examples/redteam_frontier.py default ppo --reward-beyond-attack  # pay only toxicity past the attack's
     python tuned_examples/redteam_frontier.py default --seeds 0 --share-prompt-forward  # the learner's cheaper forward
+    python tuned_examples/redteam_frontier.py default --seeds 0 --learn-log-z  # a learned logZ head, not VarGrad
     python tuned_examples/redteam_frontier.py plot                      # only redraw the pictures from the JSON
 
 Each command runs its trials one after another (each takes the whole machine), evaluates each final checkpoint on
@@ -70,6 +71,8 @@ def tba_config(args, seed: int, sync: bool = False, beta=None):
         config.training(exploration_temperature=tuple(args.exploration_temperature))
     if getattr(args, "share_prompt_forward", False):
         config.training(share_prompt_forward=True)
+    if getattr(args, "learn_log_z", False):
+        config.training(learn_log_z=True)
     return env_variant(config, args).training(async_mode=not sync)
 
 
@@ -113,6 +116,8 @@ def tba_knob(config) -> dict:
         knob["reward_inv_temp"] = config.reward_inv_temp
     if config.share_prompt_forward:  # every run before the option existed ran each sample's prompt
         knob["share_prompt_forward"] = True
+    if config.learn_log_z:  # Lee et al.'s learned logZ head instead of VarGrad's per-prompt batch mean
+        knob["learn_log_z"] = True
     return {**knob, **env_knob(config)}
 
 
@@ -457,6 +462,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--share-prompt-forward", action="store_true",
                     help="TBA runs: the learner runs each distinct prompt once (share_prompt_forward=True; a cheaper "
                          "update, so fewer attacks per update at the same budget in updates): a variant, not the default")
+    ap.add_argument("--learn-log-z", action="store_true",
+                    help="TBA runs: learn logZ(x) with its own head and learning rate (learn_log_z=True, Lee et al.'s "
+                         "red-team variant) instead of VarGrad's per-prompt batch estimate: a variant, not the default")
     args, out = parse_run_args(ap, argv, DEFAULT_OUT, "redteam_frontier")
     if args.updates is not None and (args.updates < 1 or args.until_target):
         ap.error(f"--updates {args.updates}: give a number of learner updates >= 1, and not with --until-target "
