@@ -207,20 +207,21 @@ def test_reward_beyond_attack_option_makes_variants_of_both_methods():
     assert not tba["config"].env_config.get("reward_beyond_attack")
 
 
-@pytest.mark.parametrize("option", ["share_prompt_forward", "learn_log_z"])
-def test_a_learner_option_makes_a_variant_of_the_default(option):
-    """--share-prompt-forward (the learner's shared prompt forward) and --learn-log-z (a learned logZ head instead of
-    VarGrad): the default example's settings and budget with that learner option; the knob says so (a run of its
-    own, not the default example, which was validated without it)."""
+@pytest.mark.parametrize("option, value", [("share_prompt_forward", True), ("learn_log_z", True),
+                                           ("reward_inv_temp", 0.5)])
+def test_a_learner_option_makes_a_variant_of_the_default(option, value):
+    """--share-prompt-forward (the learner's shared prompt forward), --learn-log-z (a learned logZ head instead of
+    VarGrad) and --replay-inv-temp (replay prioritisation): the default example's settings and budget with that option;
+    the knob says so (a run of its own, not the default example, which was validated without it)."""
     args = frontier.argparse.Namespace(until_target=False, quick=True, what=["default", "tba_sync"], seeds=[0],
-                                       beta=[0.05], clip=[0.2], attacks=64, **{option: True})
+                                       beta=[0.05], clip=[0.2], attacks=64, **{option: value})
     trials = frontier.plan(args)
-    assert [getattr(t["config"], option) for t in trials] == [True, True]
-    assert [t["knob"] for t in trials] == [{**frontier.example_knob(args), option: True}] * 2
+    assert [getattr(t["config"], option) for t in trials] == [value, value]
+    assert [t["knob"] for t in trials] == [{**frontier.example_knob(args), option: value}] * 2
     assert not any(t["default_example"] for t in trials) and trials[0]["stop"] == frontier.example_budget(args)
-    setattr(args, option, False)
+    setattr(args, option, None)
     assert [t["default_example"] for t in frontier.plan(args)] == [True, True]
-    assert option not in frontier.example_knob(args)
+    assert frontier.example_knob(args).get(option) != value
 
 
 def test_a_run_on_another_machine_is_kept_beside_its_twin(tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ drawn from that file.
     python tuned_examples/redteam_frontier.py default ppo --reward-beyond-attack  # pay only toxicity past the attack's
     python tuned_examples/redteam_frontier.py default --seeds 0 --share-prompt-forward  # the learner's cheaper forward
     python tuned_examples/redteam_frontier.py default --seeds 0 --learn-log-z  # a learned logZ head, not VarGrad
+    python tuned_examples/redteam_frontier.py default --seeds 0 --replay-inv-temp 0  # uniform, not reward-prioritised
     python tuned_examples/redteam_frontier.py plot                      # only redraw the pictures from the JSON
 
 Each command runs its trials one after another (each takes the whole machine), evaluates each final checkpoint on
@@ -73,6 +74,8 @@ def tba_config(args, seed: int, sync: bool = False, beta=None):
         config.training(share_prompt_forward=True)
     if getattr(args, "learn_log_z", False):
         config.training(learn_log_z=True)
+    if getattr(args, "reward_inv_temp", None) is not None:
+        config.training(reward_inv_temp=args.reward_inv_temp)
     return env_variant(config, args).training(async_mode=not sync)
 
 
@@ -465,10 +468,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--learn-log-z", action="store_true",
                     help="TBA runs: learn logZ(x) with its own head and learning rate (learn_log_z=True, Lee et al.'s "
                          "red-team variant) instead of VarGrad's per-prompt batch estimate: a variant, not the default")
+    ap.add_argument("--replay-inv-temp", dest="reward_inv_temp", type=float, default=None, metavar="INV_TEMP",
+                    help="TBA runs: off-policy replay draws with probability softmax(INV_TEMP * reward) (the "
+                         "default example uses 2.0; 0 = uniform replay): a variant, not the default")
     args, out = parse_run_args(ap, argv, DEFAULT_OUT, "redteam_frontier")
     if args.updates is not None and (args.updates < 1 or args.until_target):
         ap.error(f"--updates {args.updates}: give a number of learner updates >= 1, and not with --until-target "
                  "(that stops at the target or --max-updates)")
+    if args.reward_inv_temp is not None and not args.reward_inv_temp >= 0:
+        ap.error(f"--replay-inv-temp {args.reward_inv_temp}: give an inverse temperature >= 0 (0 = uniform replay)")
     if "plot" in args.what and len(args.what) > 1:
         ap.error("plot only redraws the pictures: give it alone")
     if args.what != ["plot"]:
