@@ -402,21 +402,24 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
     fig.savefig(paths[0], dpi=100)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(7.5, 7))
+    fig, ax = plt.subplots(figsize=(7.5, 5.5))
     for method, cmap in (("tba", "Blues"), ("tba_sync", "Greens"), ("ppo", "Reds")):  # a shade of its colour per run
         mine = [r for r in runs if r["method"] == method and r["asr_curve"]]
+        labelled = set()  # one legend entry per method and kind of run: a line per run would bury the plot
         for i, r in enumerate(mine):
             t, asr = zip(*r["asr_curve"])
             shade = plt.get_cmap(cmap)(0.45 + 0.55 * i / max(1, len(mine) - 1))
-            ax.plot([x / 60 for x in t], [100 * a for a in asr], c=shade,
-                    ls="-" if r["default_example"] or method != "tba" else "--",
-                    label=f"{r['method']} s{r['train_seed']} ({short_machine(r)}): {run_label(r)}")
+            default = r["default_example"] or method != "tba"
+            kind = method if method != "tba" else "tba, default example" if default else "tba, other settings"
+            ax.plot([x / 60 for x in t], [100 * a for a in asr], c=shade, ls="-" if default else "--",
+                    label="_nolegend_" if kind in labelled else kind)
+            labelled.add(kind)
     ax.axhline(100 * TARGET, c="grey", ls=":", lw=1)
     ax.set_xlabel("training wall-clock (min)")
     ax.set_ylabel("searchers' ASR over the last 64 attacks (%)")
-    ax.set_title("ASR while training")
+    ax.set_title("ASR while training (one line per run; each run's settings and machine: the table)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1)
+    ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     fig.savefig(paths[1], dpi=100)
     plt.close(fig)
