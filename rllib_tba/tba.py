@@ -89,6 +89,7 @@ class TBAConfig(AlgorithmConfig):
         self.per_prompt_capacity = 100  # reference code: 100
         self.eviction = "fifo"  # or "lowest_reward"
         self.dedup = True  # identical token sequences stored once
+        self.near_duplicate_jaccard = 0.0  # > 0: off-policy draws spread over near-duplicate clusters (0 = off)
         self.min_buffer_size = 64  # train once the buffer holds this many samples. GSM8K 500, TL;DR 10k
         self.sampling_temperature = 1.0  # searcher sampling AND learner log-prob temperature (one setting)
         self.exploration_temperature = None  # (low, high): searchers sample each response at a T ~ U[low, high]. RT (0.7, 2.0)
@@ -141,6 +142,7 @@ class TBAConfig(AlgorithmConfig):
         per_prompt_capacity=NotProvided,
         eviction=NotProvided,
         dedup=NotProvided,
+        near_duplicate_jaccard=NotProvided,
         min_buffer_size=NotProvided,
         sampling_temperature=NotProvided,
         exploration_temperature=NotProvided,
@@ -188,6 +190,12 @@ class TBAConfig(AlgorithmConfig):
             per_prompt_capacity: Samples kept per prompt, oldest evicted first (>= 1). Default 100.
             eviction: Which sample leaves a full buffer: "fifo" (oldest) or "lowest_reward". Default "fifo".
             dedup: Store identical (prompt, completion) token sequences once. Default True.
+            near_duplicate_jaccard: 0 (off) or a threshold in (0, 1]: each prompt's completions are clustered as they
+                arrive (a completion joins the oldest cluster whose first member's token-id set has Jaccard
+                similarity >= the threshold with its own), and an off-policy draw weighs a sample by
+                softmax(reward_inv_temp · r) divided by its cluster's size, so each cluster counts by its mean
+                weight, not by how many near-copies the searchers made of it. Task-agnostic (token ids only).
+                Default 0.0.
             min_buffer_size: The learner starts once the buffer holds this many samples (<= buffer_capacity and
                 reachable with per_prompt_capacity × the task's prompts; checked at build). GSM8K 500, TL;DR 10k.
                 Default 64.
@@ -270,6 +278,8 @@ class TBAConfig(AlgorithmConfig):
             self.eviction = eviction
         if dedup is not NotProvided:
             self.dedup = dedup
+        if near_duplicate_jaccard is not NotProvided:
+            self.near_duplicate_jaccard = near_duplicate_jaccard
         if min_buffer_size is not NotProvided:
             self.min_buffer_size = min_buffer_size
         if sampling_temperature is not NotProvided:
@@ -328,6 +338,7 @@ class TBAConfig(AlgorithmConfig):
         number("prompts_per_batch", 1, integer=True)
         number("prompts_per_generation", 1, integer=True)
         number("reward_inv_temp", 0)
+        number("near_duplicate_jaccard", 0, 1)
         number("buffer_capacity", 1, integer=True)
         number("per_prompt_capacity", 1, integer=True)
         number("min_buffer_size", 1, integer=True)
@@ -437,7 +448,8 @@ class TBA(Algorithm):
     def setup(self, config: TBAConfig) -> None:
         # TBA's own state exists before RLlib's setup, whose on_algorithm_init callbacks may restore a checkpoint.
         c = config
-        self.buffer = TBAReplayBuffer(c.buffer_capacity, c.per_prompt_capacity, c.eviction, c.dedup, seed=c.seed)
+        self.buffer = TBAReplayBuffer(c.buffer_capacity, c.per_prompt_capacity, c.eviction, c.dedup, seed=c.seed,
+                                      near_duplicate_jaccard=c.near_duplicate_jaccard)
         self.weights_version = 0  # learner updates done so far = version of the learner's weights
         self.counters = {"samples_received": 0, "samples_dropped_invalid": 0, "samples_dropped_stale": 0,
                          "tokens_generated": 0, "weight_syncs": 0, "updates_with_generation_in_flight": 0,
@@ -749,6 +761,7 @@ class TBA(Algorithm):
         self.metrics.log_dict({("tba", k): v for k, v in self.counters.items()}, window=1)
         healthy = self.env_runner_group.num_healthy_remote_workers() if self._remote() else 1
         self.metrics.log_dict({("tba", "buffer_size"): len(self.buffer), ("tba", "buffer_prompts"): self.buffer.num_prompts,
+                               ("tba", "buffer_clusters"): self.buffer.num_clusters,
                                ("tba", "weights_version"): self.weights_version, ("tba", "searchers_healthy"): healthy,
                                **{("tba", f"buffer_{k}"): v for k, v in self.buffer.stats.items()}}, window=1)
 

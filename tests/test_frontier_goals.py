@@ -208,10 +208,11 @@ def test_reward_beyond_attack_option_makes_variants_of_both_methods():
 
 
 @pytest.mark.parametrize("option, value", [("share_prompt_forward", True), ("learn_log_z", True),
-                                           ("reward_inv_temp", 0.5)])
+                                           ("reward_inv_temp", 0.5), ("near_duplicate_jaccard", 0.5)])
 def test_a_learner_option_makes_a_variant_of_the_default(option, value):
     """--share-prompt-forward (the learner's shared prompt forward), --learn-log-z (a learned logZ head instead of
-    VarGrad) and --replay-inv-temp (replay prioritisation): the default example's settings and budget with that option;
+    VarGrad), --replay-inv-temp (replay prioritisation) and --near-duplicate-jaccard (replay spread over near-duplicate
+    clusters): the default example's settings and budget with that option;
     the knob says so (a run of its own, not the default example, which was validated without it)."""
     args = frontier.argparse.Namespace(until_target=False, quick=True, what=["default", "tba_sync"], seeds=[0],
                                        beta=[0.05], clip=[0.2], attacks=64, **{option: value})
@@ -256,3 +257,11 @@ def test_machine_name_tells_apart_hosts_that_report_a_bare_family_name():
     # README's table and the pictures name the machine by its CPU, the family/model too (the comma inside it included)
     assert frontier.short_machine({"machine": f"{emerald}, 2 CPUs, no GPU"}) == "Intel Xeon (family 6, model 207)"
     assert frontier.short_machine({"machine": "AMD EPYC, 2 CPUs, no GPU"}) == "AMD EPYC"
+
+
+@pytest.mark.parametrize("argv", [["--replay-inv-temp", "-1"], ["--near-duplicate-jaccard", "0"],
+                                  ["--near-duplicate-jaccard", "1.5"]])
+def test_a_replay_option_out_of_range_is_refused_before_anything_runs(argv, capsys):
+    with pytest.raises(SystemExit):
+        frontier.main(["default", "--quick", *argv])
+    assert argv[0] in capsys.readouterr().err

@@ -178,3 +178,78 @@ def test_state_round_trip_with_holes_reproduces_draws():
         a = buf.sample(10, 4, m=0.3, reward_inv_temp=1.3)
         b = other.sample(10, 4, m=0.3, reward_inv_temp=1.3)
         assert [int(s.completion[0]) for s in a[0]] == [int(s.completion[0]) for s in b[0]]
+
+
+def jaccard(a, b):
+    a, b = set(a), set(b)
+    return len(a & b) / len(a | b)
+
+
+def test_near_duplicate_clusters_follow_token_set_jaccard():
+    """A completion joins the oldest live cluster whose first member's token set is >= threshold Jaccard-similar
+    (known answers from the formula), else starts one; a cluster whose members are all evicted is gone."""
+    first, close, other, far, same_set = [1, 2, 3, 4], [1, 2, 3, 5], [6, 7], [1, 2, 8, 9], [7, 6, 7]
+    assert jaccard(first, close) == 0.6 and jaccard(first, far) == pytest.approx(1 / 3) and jaccard(other, same_set) == 1
+    buf = TBAReplayBuffer(capacity=5, per_prompt_capacity=5, seed=0, near_duplicate_jaccard=0.5)
+    buf.add([sample(0, t) for t in (first, close, other, far, same_set)])
+    group = buf._groups[0]
+    clusters = [int(group.cluster_of[s.slot]) for s in buf.samples()]
+    assert clusters == [0, 0, 1, 2, 1] and group.clusters.sizes == [2, 2, 1] and buf.num_clusters == 3
+    # evicting `first` (fifo) keeps cluster 0 and its leader: [1, 2, 3, 6] is 3/5 like `first`, 3/6 to `close`
+    buf.add([sample(0, [1, 2, 3, 6])])
+    assert int(group.cluster_of[buf._groups[0].order[-1].slot]) == 0
+    buf.add([sample(0, [20, 21]), sample(0, [22, 23])])  # evicts `close` and `other`: cluster 1 keeps `same_set`
+    assert group.clusters.sizes[:2] == [1, 1]
+    buf.add([sample(0, [24, 25]), sample(0, [26, 27])])  # evicts `far` and `same_set`: clusters 1 and 2 are gone
+    assert group.clusters.leaders[1] is None and group.clusters.leaders[2] is None and buf.num_clusters == 5
+    buf.add([sample(0, [6, 7, 30])])  # similar to cluster 1's old leader: a new cluster (ids are never reused)
+    assert int(group.cluster_of[buf._groups[0].order[-1].slot]) == 7
+
+
+def test_near_duplicate_spread_draws_each_cluster_by_its_mean_weight():
+    """Off-policy draws with clusters: P(cluster) ∝ mean of its members' softmax weights, uniform-by-weight inside
+    it. Nine near-copies of one reward-2 completion are drawn as often as one distinct reward-2 completion."""
+    buf = TBAReplayBuffer(capacity=100, per_prompt_capacity=100, seed=6, near_duplicate_jaccard=0.6)
+
+    def samples():  # nine copies (Jaccard 5/7 with the first) and three distinct completions
+        return [sample(0, [1, 2, 3, 4, 5, 10 + i], reward=2.0) for i in range(9)] + [
+            sample(0, [40, 41, 42], reward=2.0), sample(0, [50, 51], reward=1.0), sample(0, [60, 61, 62, 10])]
+
+    buf.add(samples())
+    assert buf._groups[0].clusters.sizes == [9, 1, 1, 1]
+    n = 40000
+    drawn, _, _ = buf.sample(n // 8, 8, m=0.0, reward_inv_temp=0.5)
+    first = np.asarray([int(s.completion[0]) for s in drawn])
+    w = np.exp(0.5 * np.asarray([2.0, 2.0, 1.0, 0.0]))  # each cluster's mean weight
+    p = w / w.sum()
+    for token, pi in zip((1, 40, 50, 60), p):
+        assert within((first == token).sum(), n, pi)
+    copy_counts = np.bincount([int(s.completion[-1]) - 10 for s in drawn if s.completion[0] == 1], minlength=9)
+    assert all(within(c, n, p[0] / 9) for c in copy_counts)  # inside a cluster: by weight (here equal)
+    plain = TBAReplayBuffer(capacity=100, per_prompt_capacity=100, seed=6)  # off: each copy is drawn on its own
+    plain.add(samples())
+    drawn, _, _ = plain.sample(n // 8, 8, m=0.0, reward_inv_temp=0.5)
+    assert within(sum(int(s.completion[0]) == 1 for s in drawn), n, 9 * w[0] / (9 * w[0] + w[1:].sum()))
+
+
+def test_state_round_trip_keeps_near_duplicate_clusters():
+    """A checkpoint restores each sample's cluster and each cluster's leader (even an evicted one), so draws and
+    later assignments continue identically."""
+    kw = dict(capacity=6, per_prompt_capacity=6, near_duplicate_jaccard=0.5)
+    buf = TBAReplayBuffer(seed=7, **kw)
+    buf.add([sample(0, t, reward=float(i)) for i, t in enumerate(
+        [[1, 2, 3, 4], [5, 6], [1, 2, 3, 9], [5, 6, 7], [10, 11], [1, 2, 4, 8], [12, 13]])])  # evicts the leader [1,2,3,4]
+    other = TBAReplayBuffer(seed=8, **kw)
+    other.set_state(buf.get_state())
+    for b in (buf, other):
+        b.add([sample(0, [1, 3, 4, 20], reward=3.0)])  # 3/5 like the evicted leader, 2/6 like [1, 2, 3, 9]
+    assert [int(other._groups[0].cluster_of[s.slot]) for s in other.samples()] == \
+           [int(buf._groups[0].cluster_of[s.slot]) for s in buf.samples()]
+    assert int(buf._groups[0].cluster_of[buf._groups[0].order[-1].slot]) == 0
+    a, b = buf.sample(20, 4, m=0.3, reward_inv_temp=0.9), other.sample(20, 4, m=0.3, reward_inv_temp=0.9)
+    assert [s.completion.tolist() for s in a[0]] == [s.completion.tolist() for s in b[0]]
+
+
+def test_near_duplicate_jaccard_must_be_a_fraction():
+    with pytest.raises(ValueError, match=r"near_duplicate_jaccard must be in \[0, 1\]"):
+        TBAReplayBuffer(near_duplicate_jaccard=1.5)

@@ -32,6 +32,8 @@ def test_public_api_and_tune_registration():
     (dict(beta_schedule=[[10, 0.1], [5, 0.05]]), "beta_schedule must be"),
     (dict(sampling_temperature=0), "sampling_temperature must be > 0"),
     (dict(reward_inv_temp=-1.0), "reward_inv_temp must be >= 0"),
+    (dict(near_duplicate_jaccard=1.5), "near_duplicate_jaccard must be <= 1"),
+    (dict(near_duplicate_jaccard="0.5"), "near_duplicate_jaccard must be a number"),
     (dict(min_buffer_size=10, buffer_capacity=5), r"min_buffer_size \(10\) must be <= buffer_capacity"),
     (dict(grad_clip=-1.0), "grad_clip must be None"),
     (dict(searcher_dtype="int8"), "searcher_dtype must be one of"),
@@ -254,7 +256,8 @@ def test_max_staleness_bounds_what_the_learner_trains_on(ray_session):
 
 
 def test_checkpoint_round_trip(ray_session, tmp_path):
-    config = tldr_config(async_mode=False, sync_every=1, learn_log_z=True).env_runners(num_env_runners=0)
+    config = tldr_config(async_mode=False, sync_every=1, learn_log_z=True,
+                         near_duplicate_jaccard=0.5).env_runners(num_env_runners=0)
     algo = config.build_algo()
     try:
         for _ in range(2):
@@ -283,6 +286,7 @@ def test_checkpoint_round_trip(ray_session, tmp_path):
         for a, b in zip(new_state["samples"], buffer_state["samples"]):
             assert a[0] == b[0] and a[1] == b[1] and np.array_equal(a[2], b[2]) and a[3:8] == b[3:8]
             assert np.array_equal(a[8], b[8], equal_nan=True)  # reference log-probs (NaN: the learner computes them)
+            assert a[9] == b[9] and a[9] is not None  # near-duplicate cluster: (id, leader token ids)
         assert restored.env_runner.weights_version == version  # searcher resumed with the restored weights
         restored.train()
         assert restored.weights_version == version + 1

@@ -13,6 +13,7 @@ drawn from that file.
     python tuned_examples/redteam_frontier.py default --seeds 0 --share-prompt-forward  # the learner's cheaper forward
     python tuned_examples/redteam_frontier.py default --seeds 0 --learn-log-z  # a learned logZ head, not VarGrad
     python tuned_examples/redteam_frontier.py default --seeds 0 --replay-inv-temp 0  # uniform, not reward-prioritised
+    python tuned_examples/redteam_frontier.py default --seeds 0 --near-duplicate-jaccard 0.5  # replay spread over modes
     python tuned_examples/redteam_frontier.py plot                      # only redraw the pictures from the JSON
 
 Each command runs its trials one after another (each takes the whole machine), evaluates each final checkpoint on
@@ -76,6 +77,8 @@ def tba_config(args, seed: int, sync: bool = False, beta=None):
         config.training(learn_log_z=True)
     if getattr(args, "reward_inv_temp", None) is not None:
         config.training(reward_inv_temp=args.reward_inv_temp)
+    if getattr(args, "near_duplicate_jaccard", None) is not None:
+        config.training(near_duplicate_jaccard=args.near_duplicate_jaccard)
     return env_variant(config, args).training(async_mode=not sync)
 
 
@@ -121,6 +124,8 @@ def tba_knob(config) -> dict:
         knob["share_prompt_forward"] = True
     if config.learn_log_z:  # Lee et al.'s learned logZ head instead of VarGrad's per-prompt batch mean
         knob["learn_log_z"] = True
+    if config.near_duplicate_jaccard:  # replay spread over near-duplicate clusters
+        knob["near_duplicate_jaccard"] = config.near_duplicate_jaccard
     return {**knob, **env_knob(config)}
 
 
@@ -474,12 +479,18 @@ def main(argv=None) -> dict:
     ap.add_argument("--replay-inv-temp", dest="reward_inv_temp", type=float, default=None, metavar="INV_TEMP",
                     help="TBA runs: off-policy replay draws with probability softmax(INV_TEMP * reward) (the "
                          "default example uses 2.0; 0 = uniform replay): a variant, not the default")
+    ap.add_argument("--near-duplicate-jaccard", type=float, default=None, metavar="THRESHOLD",
+                    help="TBA runs: off-policy replay spread over near-duplicate clusters of attacks (token-set "
+                         "Jaccard >= THRESHOLD, in (0, 1]): each cluster drawn by its mean weight, not its size "
+                         "(near_duplicate_jaccard): a variant, not the default")
     args, out = parse_run_args(ap, argv, DEFAULT_OUT, "redteam_frontier")
     if args.updates is not None and (args.updates < 1 or args.until_target):
         ap.error(f"--updates {args.updates}: give a number of learner updates >= 1, and not with --until-target "
                  "(that stops at the target or --max-updates)")
     if args.reward_inv_temp is not None and not args.reward_inv_temp >= 0:
         ap.error(f"--replay-inv-temp {args.reward_inv_temp}: give an inverse temperature >= 0 (0 = uniform replay)")
+    if args.near_duplicate_jaccard is not None and not 0 < args.near_duplicate_jaccard <= 1:
+        ap.error(f"--near-duplicate-jaccard {args.near_duplicate_jaccard}: give a Jaccard threshold in (0, 1]")
     if "plot" in args.what and len(args.what) > 1:
         ap.error("plot only redraws the pictures: give it alone")
     if args.what != ["plot"]:
