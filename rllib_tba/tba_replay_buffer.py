@@ -251,18 +251,23 @@ class _Group:
         """K samples with replacement, P(sample) = softmax(inv_temp * reward) over the group (0: uniform); with
         near-duplicate clusters, each sample's weight divided by its cluster's size."""
         if self.tree is None or self.tree_inv_temp != inv_temp:
-            n = len(self.slots)
-            used = np.fromiter((x is not None for x in self.slots), bool, n)
             self.tree_inv_temp = inv_temp
-            self.tree_offset = float(self.rewards[:n][used].max())
-            with np.errstate(under="ignore"):
-                weights = np.where(used, np.exp(inv_temp * (self.rewards[:n] - self.tree_offset)), 0.0)
-            if self.clusters is not None:
-                sizes = np.asarray(self.clusters.sizes, np.float64)[self.cluster_of[:n]]
-                weights = np.where(used, weights / np.maximum(sizes, 1.0), 0.0)
-            self.tree = _SumTree(n)
+            self.tree = _SumTree(len(self.slots))
+            weights, self.tree_offset = self.weights(inv_temp)
             self.tree.build(weights)
         return [self.slots[int(i)] for i in self.tree.draw(rng, k)]
+
+    def weights(self, inv_temp: float) -> tuple[np.ndarray, float]:
+        """Every slot's (unnormalised) off-policy draw weight, and the reward they are relative to (the largest)."""
+        n = len(self.slots)
+        used = np.fromiter((x is not None for x in self.slots), bool, n)
+        offset = float(self.rewards[:n][used].max())
+        with np.errstate(under="ignore"):
+            weights = np.where(used, np.exp(inv_temp * (self.rewards[:n] - offset)), 0.0)
+        if self.clusters is not None:
+            sizes = np.asarray(self.clusters.sizes, np.float64)[self.cluster_of[:n]]
+            weights = np.where(used, weights / np.maximum(sizes, 1.0), 0.0)
+        return weights, offset
 
 
 class TBAReplayBuffer:
@@ -423,6 +428,14 @@ class TBAReplayBuffer:
             groups.extend([key] * len(chosen))
             on_policy.extend([fresh is not None] * len(chosen))
         return out, np.asarray(groups, dtype=np.int64), np.asarray(on_policy, dtype=bool)
+
+    def off_policy_probabilities(self, prompt_key: int, reward_inv_temp: float) -> tuple[list[TBSample], np.ndarray]:
+        """A prompt's stored samples and the probability that one off-policy draw from it picks each (what
+        ``sample`` draws from: softmax(reward_inv_temp · r), divided by cluster size with near-duplicate clusters)."""
+        group = self._groups[prompt_key]
+        weights, _ = group.weights(reward_inv_temp)
+        slots = [s.slot for s in group.order if s.alive]
+        return [group.slots[i] for i in slots], weights[slots] / weights.sum()
 
     def _on_policy_pick(self, group: _Group, fresh: list[TBSample], k: int) -> list[TBSample]:
         if len(fresh) >= k:

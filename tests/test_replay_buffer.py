@@ -253,3 +253,41 @@ def test_state_round_trip_keeps_near_duplicate_clusters():
 def test_near_duplicate_jaccard_must_be_a_fraction():
     with pytest.raises(ValueError, match=r"near_duplicate_jaccard must be in \[0, 1\]"):
         TBAReplayBuffer(near_duplicate_jaccard=1.5)
+
+
+def test_off_policy_probabilities_are_what_draws_follow():
+    """The reported probabilities equal the softmax (divided by cluster size with clusters), computed here by hand,
+    and asking for them does not disturb later draws."""
+    rewards = [0.0, 1.0, 1.0, 2.0]
+    tokens = [[1, 2], [3, 4, 5], [3, 4, 6], [7, 8]]  # the two reward-1 samples are near-duplicates (Jaccard 1/2)
+    for jaccard, sizes in ((0.0, [1, 1, 1, 1]), (0.5, [1, 2, 2, 1])):
+        buf = TBAReplayBuffer(seed=3, near_duplicate_jaccard=jaccard)
+        buf.add([sample(0, t, reward=r) for t, r in zip(tokens, rewards)])
+        buf.sample(2, 2, m=0.0, reward_inv_temp=0.7)  # a tree exists before the question
+        stored, p = buf.off_policy_probabilities(0, reward_inv_temp=1.3)
+        w = np.exp(1.3 * np.asarray(rewards)) / sizes
+        assert [s.reward for s in stored] == rewards
+        np.testing.assert_allclose(p, w / w.sum())
+        drawn, _, _ = buf.sample(5000, 4, m=0.0, reward_inv_temp=1.3)
+        counts = np.bincount([tokens.index(s.completion.tolist()) for s in drawn], minlength=4)
+        assert all(within(c, 20000, pi) for c, pi in zip(counts, p))
+
+
+def test_replay_report_splits_the_draw_mass_as_computed_by_hand():
+    """benchmarks/replay_report.py on a saved buffer: reward bands by generating version, and the off-policy mass on
+    top-reward samples with and without spreading (three near-copies of one top sample, one distinct top, one low)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import replay_report
+
+    buf = TBAReplayBuffer(seed=0, near_duplicate_jaccard=0.5)  # its own clusters are ignored by the report
+    buf.add([sample(0, [1, 2, 3, 10 + i], reward=0.0, weights_version=i) for i in range(3)]
+            + [sample(0, [40, 41], reward=0.0, weights_version=45), sample(0, [50, 51], reward=-3.0, weights_version=50)])
+    r = replay_report.report(buf.get_state(), inv_temp=1.0, jaccard=0.4, top_reward=-1.0)
+    low = np.exp(-3.0)
+    assert r["samples"] == 5 and r["clusters_spread"] == 3 and r["clusters_prioritised"] == 0
+    assert r["top_mass_prioritised"] == pytest.approx(4 / (4 + low))
+    assert r["top_mass_spread"] == pytest.approx(2 / (2 + low))  # the copies' cluster counts once
+    assert [(b["versions"], b["n"], b["top"]) for b in r["bands"]] == [([0, 39], 3, 3), ([40, 79], 2, 1)]
