@@ -291,3 +291,16 @@ def test_replay_report_splits_the_draw_mass_as_computed_by_hand():
     assert r["top_mass_prioritised"] == pytest.approx(4 / (4 + low))
     assert r["top_mass_spread"] == pytest.approx(2 / (2 + low))  # the copies' cluster counts once
     assert [(b["versions"], b["n"], b["top"]) for b in r["bands"]] == [([0, 39], 3, 3), ([40, 79], 2, 1)]
+
+
+def test_replay_cluster_cost_benchmark_runs(capsys):
+    """benchmarks/replay_cluster_cost.py (docs/method.md §3 quotes it): one line per size, clusters counted."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import replay_cluster_cost
+
+    replay_cluster_cost.main(["--samples", "300"])
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.split()[0] == "400" and 0 < int(line.split()[2]) <= 400 and "ms per added sample" in line
