@@ -1,9 +1,16 @@
 """TBA replay buffer: draw frequencies (m, softmax), eviction, dedup, checkpoint state."""
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from rllib_tba.tba_replay_buffer import TBAReplayBuffer, TBSample
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import replay_cluster_cost  # noqa: E402  (benchmarks/ is a script folder, not a package)
+import replay_report  # noqa: E402
 
 
 def sample(key, tokens, reward=0.0, weights_version=0):
@@ -276,12 +283,6 @@ def test_off_policy_probabilities_are_what_draws_follow():
 def test_replay_report_splits_the_draw_mass_as_computed_by_hand():
     """benchmarks/replay_report.py on a saved buffer: reward bands by generating version, and the off-policy mass on
     top-reward samples with and without spreading (three near-copies of one top sample, one distinct top, one low)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import replay_report
-
     buf = TBAReplayBuffer(seed=0, near_duplicate_jaccard=0.5)  # its own clusters are ignored by the report
     buf.add([sample(0, [1, 2, 3, 10 + i], reward=0.0, weights_version=i) for i in range(3)]
             + [sample(0, [40, 41], reward=0.0, weights_version=45), sample(0, [50, 51], reward=-3.0, weights_version=50)])
@@ -295,12 +296,6 @@ def test_replay_report_splits_the_draw_mass_as_computed_by_hand():
 
 def test_replay_cluster_cost_benchmark_runs(capsys):
     """benchmarks/replay_cluster_cost.py (docs/method.md §3 quotes it): one line per size, clusters counted."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import replay_cluster_cost
-
     replay_cluster_cost.main(["--samples", "300"])
     (line,) = capsys.readouterr().out.splitlines()
     assert line.split()[0] == "400" and 0 < int(line.split()[2]) <= 400 and "ms per added sample" in line
