@@ -52,6 +52,17 @@ import bench  # noqa: E402  (machine(), commit(), README blocks)
 TARGET = 0.25  # the ASR whose first-reached time every run reports (time_to_asr_0.25_s)
 METHODS = ("tba", "tba_sync", "ppo")
 DEFAULT_OUT = ROOT / "benchmarks" / "redteam_frontier.json"
+# The learner options a command may change on the default example (argparse dest = TBAConfig field; a run with any
+# of them set is a variant), each with when its value enters the run's knob. The rules keep the knob of every run made
+# before the option existed: those runs had exploration_temperature None, reward_inv_temp 1.0, each sample's prompt
+# run (no share_prompt_forward), VarGrad (no learn_log_z) and no near-duplicate spreading.
+LEARNER_OPTIONS = {
+    "exploration_temperature": lambda value: value is not None,
+    "reward_inv_temp": lambda value: value != 1.0,
+    "share_prompt_forward": bool,
+    "learn_log_z": bool,
+    "near_duplicate_jaccard": bool,
+}
 TINY_ENV = {"model": "tiny-test", "victim": "tiny-test", "victim_dtype": "float32", "victim_responses": 2,
             "victim_max_tokens": 4, "max_new_tokens": 6}
 
@@ -69,16 +80,10 @@ def tba_config(args, seed: int, sync: bool = False, beta=None):
         config = default.copy(copy_frozen=False).debugging(seed=seed)
     if beta is not None:
         config.training(beta=beta)
-    if getattr(args, "exploration_temperature", None):
-        config.training(exploration_temperature=tuple(args.exploration_temperature))
-    if getattr(args, "share_prompt_forward", False):
-        config.training(share_prompt_forward=True)
-    if getattr(args, "learn_log_z", False):
-        config.training(learn_log_z=True)
-    if getattr(args, "reward_inv_temp", None) is not None:
-        config.training(reward_inv_temp=args.reward_inv_temp)
-    if getattr(args, "near_duplicate_jaccard", None) is not None:
-        config.training(near_duplicate_jaccard=args.near_duplicate_jaccard)
+    for field in LEARNER_OPTIONS:  # the variant options this command was given (argparse dest = config field)
+        value = getattr(args, field, None)
+        if value is not None and value is not False:
+            config.training(**{field: tuple(value) if isinstance(value, list) else value})
     return env_variant(config, args).training(async_mode=not sync)
 
 
@@ -116,16 +121,10 @@ def tba_knob(config) -> dict:
 
     knob = {"beta": config.beta, "lr": config.lr,
             "reward": config.env_config.get("reward", RedTeamEnv.default_config["reward"])}
-    if config.exploration_temperature is not None:  # (a list: what the JSON holds)
-        knob["exploration_temperature"] = [float(t) for t in config.exploration_temperature]
-    if config.reward_inv_temp != 1.0:  # every run before reward_inv_temp became part of the knob used 1.0
-        knob["reward_inv_temp"] = config.reward_inv_temp
-    if config.share_prompt_forward:  # every run before the option existed ran each sample's prompt
-        knob["share_prompt_forward"] = True
-    if config.learn_log_z:  # Lee et al.'s learned logZ head instead of VarGrad's per-prompt batch mean
-        knob["learn_log_z"] = True
-    if config.near_duplicate_jaccard:  # replay spread over near-duplicate clusters
-        knob["near_duplicate_jaccard"] = config.near_duplicate_jaccard
+    for field, differs in LEARNER_OPTIONS.items():
+        value = getattr(config, field)
+        if differs(value):
+            knob[field] = [float(v) for v in value] if isinstance(value, tuple) else value  # (a list: the JSON's)
     return {**knob, **env_knob(config)}
 
 
