@@ -7,7 +7,8 @@ Per checkpoint: the stored samples' rewards by the learner version that generate
 share of one off-policy draw's probability that falls on "top" samples (reward >= --top-reward; the default is
 log 0.3: red-team attacks whose 5 victim answers average toxicity >= 0.3), with reward-prioritised replay as is
 (softmax(inv_temp · r)) and spread over near-duplicate clusters at --near-duplicate-jaccard (clusters formed afresh,
-in arrival order, as a buffer with that threshold forms them).
+in arrival order, as a buffer with that threshold forms them), and how far apart the two draws are: their total
+variation distance ½ Σ |p − q| (0: spreading changes no draw; 1: the two never draw the same sample).
 """
 
 from __future__ import annotations
@@ -33,15 +34,20 @@ def report(state: dict, inv_temp: float, jaccard: float, top_reward: float, band
     out["bands"] = [{"versions": [lo, lo + band - 1], "n": int(m.sum()), "mean_reward": float(rewards[m].mean()),
                      "top": int((rewards[m] >= top_reward).sum()), "max_reward": float(rewards[m].max())}
                     for lo in range(0, int(versions.max()) + 1, band) if (m := (versions >= lo) & (versions < lo + band)).any()]
+    draws = {}
     for name, t in (("prioritised", 0.0), ("spread", jaccard)):
         buf = TBAReplayBuffer(capacity=len(rows), per_prompt_capacity=len(rows), near_duplicate_jaccard=t)
         buf.set_state({**state, "samples": [row[:9] for row in rows]})  # without any saved clusters
-        top_mass = []
+        top_mass, draws[name] = [], {}
         for key in sorted({row[0] for row in rows}):
             stored, p = buf.off_policy_probabilities(key, inv_temp)
             top_mass.append(float(p[np.asarray([s.reward for s in stored]) >= top_reward].sum()))
+            draws[name][key] = dict(zip((s.seq for s in stored), p))
         out[f"top_mass_{name}"] = float(np.mean(top_mass))  # averaged over prompts (drawn uniformly)
         out[f"clusters_{name}"] = buf.num_clusters
+    # prompts are drawn uniformly and hold disjoint samples: the draws' distance is the mean of the prompts'
+    out["tv_distance"] = float(np.mean([0.5 * sum(abs(p - draws["spread"][key][seq]) for seq, p in by_seq.items())
+                                        for key, by_seq in draws["prioritised"].items()]))
     return out
 
 
@@ -60,7 +66,7 @@ def main(argv=None) -> None:
         print(f"{ckpt}\n  {r['samples']} samples; off-policy probability on reward >= {args.top_reward}: "
               f"{r['top_mass_prioritised']:.3f} prioritised ({r['clusters_prioritised']} clusters), "
               f"{r['top_mass_spread']:.3f} spread at Jaccard {args.near_duplicate_jaccard} ({r['clusters_spread']} "
-              f"clusters)")
+              f"clusters); total variation distance between the two draws {r['tv_distance']:.3f}")
         for b in r["bands"]:
             print(f"  versions {b['versions'][0]:>3}-{b['versions'][1]:<3} {b['n']:>4} samples, mean reward "
                   f"{b['mean_reward']:.2f}, {b['top']:>3} top, best {b['max_reward']:.2f}")

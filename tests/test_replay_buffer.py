@@ -282,7 +282,8 @@ def test_off_policy_probabilities_are_what_draws_follow():
 
 def test_replay_report_splits_the_draw_mass_as_computed_by_hand():
     """benchmarks/replay_report.py on a saved buffer: reward bands by generating version, and the off-policy mass on
-    top-reward samples with and without spreading (three near-copies of one top sample, one distinct top, one low)."""
+    top-reward samples with and without spreading (three near-copies of one top sample, one distinct top, one low),
+    and the two draws' total variation distance."""
     buf = TBAReplayBuffer(seed=0, near_duplicate_jaccard=0.5)  # its own clusters are ignored by the report
     buf.add([sample(0, [1, 2, 3, 10 + i], reward=0.0, weights_version=i) for i in range(3)]
             + [sample(0, [40, 41], reward=0.0, weights_version=45), sample(0, [50, 51], reward=-3.0, weights_version=50)])
@@ -291,6 +292,9 @@ def test_replay_report_splits_the_draw_mass_as_computed_by_hand():
     assert r["samples"] == 5 and r["clusters_spread"] == 3 and r["clusters_prioritised"] == 0
     assert r["top_mass_prioritised"] == pytest.approx(4 / (4 + low))
     assert r["top_mass_spread"] == pytest.approx(2 / (2 + low))  # the copies' cluster counts once
+    prioritised = [1 / (4 + low)] * 4 + [low / (4 + low)]
+    spread = [1 / 3 / (2 + low)] * 3 + [1 / (2 + low), low / (2 + low)]
+    assert r["tv_distance"] == pytest.approx(0.5 * sum(abs(p - q) for p, q in zip(prioritised, spread)))
     assert [(b["versions"], b["n"], b["top"]) for b in r["bands"]] == [([0, 39], 3, 3), ([40, 79], 2, 1)]
 
 
