@@ -12,9 +12,11 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here: a model id that is not cached fails at once
 
 
-# the tiny TBA configuration the tests share with tuned_examples/tune_m_k.py: `from tba_tiny import tiny_config`
+# the script folders the tests import from (not packages): tuned_examples/ (`from tba_tiny import tiny_config`, the
+# configuration the tests share with tuned_examples/tune_m_k.py; `import redteam_frontier`) and benchmarks/
 TUNED_EXAMPLES = Path(__file__).resolve().parents[1] / "tuned_examples"
 sys.path.insert(0, str(TUNED_EXAMPLES))
+sys.path.insert(0, str(TUNED_EXAMPLES.parent / "benchmarks"))
 
 
 @pytest.fixture(scope="session", autouse=True)

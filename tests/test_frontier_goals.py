@@ -1,15 +1,8 @@
 """The red-team frontier's goal bars (tuned_examples/redteam_frontier.py ``goals``) on hand-made run records:
 each bar is computed from the records the way the issue states it, with answers worked out by hand."""
 
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tuned_examples"))
-
-import redteam_frontier as frontier  # noqa: E402
+import redteam_frontier as frontier  # tuned_examples/ (on the path by conftest.py)
 
 DEFAULT_STOP = {"tba/weights_version": 120}
 TARGET_STOP = {"task/success_rate_0.25_reached_at": 0, "tba/weights_version": 400}

@@ -1,16 +1,11 @@
 """TBA replay buffer: draw frequencies (m, softmax), eviction, dedup, checkpoint state."""
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
+import replay_cluster_cost  # benchmarks/ (on the path by conftest.py)
+import replay_report
 
 from rllib_tba.tba_replay_buffer import TBAReplayBuffer, TBSample
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import replay_cluster_cost  # noqa: E402  (benchmarks/ is a script folder, not a package)
-import replay_report  # noqa: E402
 
 
 def sample(key, tokens, reward=0.0, weights_version=0):
