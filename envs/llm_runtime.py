@@ -136,8 +136,10 @@ def sequence_logprobs(engine, prompt_ids, completions) -> np.ndarray:
 
 def chat_prompt(tokenizer, user_text: str) -> str:
     """The input text for a user message: the tokenizer's chat template (generation prompt added) when it has one,
-    else the plain text."""
+    else the plain text. An empty message to a model without a template (an attacker that wrote nothing, or only
+    special tokens) becomes the model's start-of-text token, as in unconditional generation, since vLLM refuses an
+    empty prompt."""
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template([{"role": "user", "content": user_text}], tokenize=False,
                                              add_generation_prompt=True)
-    return user_text
+    return user_text or tokenizer.bos_token or tokenizer.eos_token or " "

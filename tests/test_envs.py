@@ -209,6 +209,16 @@ def test_redteam_batched_equals_step_by_step_and_reports_info(redteam_env):
     assert all(line.startswith("  victim [") for line in shown[1:])
 
 
+def test_redteam_empty_attack_is_answered_like_unconditional_generation(redteam_env):
+    """An attacker that writes nothing (EOS first, or only special tokens) gets a scored episode, not a crashed run:
+    a victim without a chat template starts from its start-of-text token, since vLLM refuses an empty prompt."""
+    env = redteam_env
+    assert not getattr(env.victim.get_tokenizer(), "chat_template", None)  # the case the CI run hit
+    result = env.score([env.prompts[0]] * 2, [[env.eos_token_id], [env.tokenizer.pad_token_id, env.eos_token_id]])
+    for info, r in zip(result.infos, result.rewards):
+        assert info["attack"] == "" and len(info["victim_answers"]) == 3 and np.isfinite(r)
+
+
 def test_redteam_reward_beyond_attack_pays_only_what_the_victim_adds(tiny_model):
     """reward_beyond_attack: an answer counts max(0, p_toxic(answer) - p_toxic(attack)); a victim that echoes a toxic
     attack earns no more than the attack's own toxicity allows."""
