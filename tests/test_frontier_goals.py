@@ -200,18 +200,22 @@ def test_reward_beyond_attack_option_makes_variants_of_both_methods():
     assert not tba["config"].env_config.get("reward_beyond_attack")
 
 
-@pytest.mark.parametrize("option, value", [("share_prompt_forward", True), ("learn_log_z", True),
-                                           ("reward_inv_temp", 0.5), ("near_duplicate_jaccard", 0.5)])
-def test_a_learner_option_makes_a_variant_of_the_default(option, value):
+@pytest.mark.parametrize("option, value, in_config, in_knob", [
+    ("share_prompt_forward", True, True, True), ("learn_log_z", True, True, True),
+    ("reward_inv_temp", 0.5, 0.5, 0.5), ("near_duplicate_jaccard", 0.5, 0.5, 0.5),
+    ("beta_schedule", [(0, 0.05), (220, 0.05), (260, 0.1)], ((0, 0.05), (220, 0.05), (260, 0.1)),
+     [[0, 0.05], [220, 0.05], [260, 0.1]])])
+def test_a_learner_option_makes_a_variant_of_the_default(option, value, in_config, in_knob):
     """--share-prompt-forward (the learner's shared prompt forward), --learn-log-z (a learned logZ head instead of
-    VarGrad), --replay-inv-temp (replay prioritisation) and --near-duplicate-jaccard (replay spread over near-duplicate
-    clusters): the default example's settings and budget with that option;
-    the knob says so (a run of its own, not the default example, which was validated without it)."""
+    VarGrad), --replay-inv-temp (replay prioritisation), --near-duplicate-jaccard (replay spread over near-duplicate
+    clusters) and --beta-schedule (beta over learner updates): the default example's settings and budget with that
+    option; the knob says so (a run of its own, not the default example, which was validated without it)."""
     args = frontier.argparse.Namespace(until_target=False, quick=True, what=["default", "tba_sync"], seeds=[0],
                                        beta=[0.05], clip=[0.2], attacks=64, **{option: value})
     trials = frontier.plan(args)
-    assert [getattr(t["config"], option) for t in trials] == [value, value]
-    assert [t["knob"] for t in trials] == [{**frontier.example_knob(args), option: value}] * 2
+    assert [getattr(t["config"], option) for t in trials] == [in_config, in_config]
+    assert [t["knob"] for t in trials] == [{**frontier.example_knob(args), option: in_knob}] * 2
+    trials[0]["config"].validate()  # the option's value is one TBAConfig accepts
     assert not any(t["default_example"] for t in trials) and trials[0]["stop"] == frontier.example_budget(args)
     setattr(args, option, None)
     assert [t["default_example"] for t in frontier.plan(args)] == [True, True]
@@ -253,8 +257,10 @@ def test_machine_name_tells_apart_hosts_that_report_a_bare_family_name():
 
 
 @pytest.mark.parametrize("argv", [["--replay-inv-temp", "-1"], ["--near-duplicate-jaccard", "0"],
-                                  ["--near-duplicate-jaccard", "1.5"]])
-def test_a_replay_option_out_of_range_is_refused_before_anything_runs(argv, capsys):
+                                  ["--near-duplicate-jaccard", "1.5"], ["--beta-schedule", "0:0.05", "220"],
+                                  ["--beta-schedule", "0:0.05", "220:-0.1"], ["--beta-schedule", "0:0.05", "x:0.1"],
+                                  ["--beta-schedule", "10:0.05"], ["--beta-schedule", "0:0.05", "220:0.1", "200:0.1"]])
+def test_a_learner_option_out_of_range_is_refused_before_anything_runs(argv, capsys):
     with pytest.raises(SystemExit):
         frontier.main(["default", "--quick", *argv])
     assert argv[0] in capsys.readouterr().err

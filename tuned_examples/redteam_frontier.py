@@ -62,9 +62,23 @@ LEARNER_OPTIONS = {
     "share_prompt_forward": bool,
     "learn_log_z": bool,
     "near_duplicate_jaccard": bool,
+    "beta_schedule": lambda value: value is not None,
 }
 TINY_ENV = {"model": "tiny-test", "victim": "tiny-test", "victim_dtype": "float32", "victim_responses": 2,
             "victim_max_tokens": 4, "max_new_tokens": 6}
+
+
+def schedule_point(text: str) -> tuple[int, float]:
+    """One --beta-schedule point, UPDATE:BETA (an update >= 0, a beta > 0)."""
+    update, sep, beta = text.partition(":")
+    try:
+        point = (int(update), float(beta))
+    except ValueError:
+        point = None
+    if not sep or point is None or point[0] < 0 or not 0 < point[1] < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give UPDATE:BETA, an update >= 0 and a finite beta > 0, "
+                                         "e.g. 220:0.1")
+    return point
 
 
 def tba_config(args, seed: int, sync: bool = False, beta=None):
@@ -124,7 +138,7 @@ def tba_knob(config) -> dict:
     for field, differs in LEARNER_OPTIONS.items():
         value = getattr(config, field)
         if differs(value):
-            knob[field] = [float(v) for v in value] if isinstance(value, tuple) else value  # (a list: the JSON's)
+            knob[field] = json.loads(json.dumps(value))  # tuples as the JSON's lists
     return {**knob, **env_knob(config)}
 
 
@@ -482,6 +496,9 @@ def main(argv=None) -> dict:
                     help="TBA runs: off-policy replay spread over near-duplicate clusters of attacks (token-set "
                          "Jaccard >= THRESHOLD, in (0, 1]): each cluster drawn by its mean weight, not its size "
                          "(near_duplicate_jaccard): a variant, not the default")
+    ap.add_argument("--beta-schedule", type=schedule_point, nargs="+", default=None, metavar="UPDATE:BETA",
+                    help="TBA runs: beta piecewise linear over learner updates, e.g. 0:0.05 220:0.05 260:0.1 "
+                         "(beta_schedule; it must start at update 0): a variant, not the default")
     args, out = parse_run_args(ap, argv, DEFAULT_OUT, "redteam_frontier")
     if args.updates is not None and (args.updates < 1 or args.until_target):
         ap.error(f"--updates {args.updates}: give a number of learner updates >= 1, and not with --until-target "
@@ -490,6 +507,10 @@ def main(argv=None) -> dict:
         ap.error(f"--replay-inv-temp {args.reward_inv_temp}: give an inverse temperature >= 0 (0 = uniform replay)")
     if args.near_duplicate_jaccard is not None and not 0 < args.near_duplicate_jaccard <= 1:
         ap.error(f"--near-duplicate-jaccard {args.near_duplicate_jaccard}: give a Jaccard threshold in (0, 1]")
+    if args.beta_schedule is not None and (args.beta_schedule[0][0] != 0 or any(
+            a[0] > b[0] for a, b in zip(args.beta_schedule, args.beta_schedule[1:]))):
+        ap.error("--beta-schedule: the points must start at update 0 and have non-decreasing updates, got "
+                 + " ".join(f"{u}:{b:g}" for u, b in args.beta_schedule))
     if "plot" in args.what and len(args.what) > 1:
         ap.error("plot only redraws the pictures: give it alone")
     if args.what != ["plot"]:
