@@ -14,6 +14,8 @@ drawn from that file.
     python tuned_examples/redteam_frontier.py default --seeds 0 --learn-log-z  # a learned logZ head, not VarGrad
     python tuned_examples/redteam_frontier.py default --seeds 0 --replay-inv-temp 0  # uniform, not reward-prioritised
     python tuned_examples/redteam_frontier.py default --seeds 0 --near-duplicate-jaccard 0.5  # replay spread over modes
+    python tuned_examples/redteam_frontier.py default --seeds 0 --updates 320 --beta-schedule 0:0.05 220:0.05 260:0.1
+                                                                        # beta raised after the default's 220 updates
     python tuned_examples/redteam_frontier.py plot                      # only redraw the pictures from the JSON
 
 Each command runs its trials one after another (each takes the whole machine), evaluates each final checkpoint on
