@@ -53,6 +53,17 @@ def _finite_number(x) -> bool:
     return not isinstance(x, bool) and isinstance(x, (int, float, np.number)) and math.isfinite(x)
 
 
+BETA_SCHEDULE_RULE = "[[learner_update, beta], ...] starting at update 0, with non-decreasing updates and finite beta > 0"
+
+
+def valid_beta_schedule(schedule) -> bool:
+    """Whether ``schedule`` is a ``beta_schedule`` TBAConfig accepts (see BETA_SCHEDULE_RULE)."""
+    ok = isinstance(schedule, (list, tuple)) and len(schedule) >= 1 and all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and all(_finite_number(x) for x in p)
+        and p[0] >= 0 and p[1] > 0 for p in schedule) and schedule[0][0] == 0
+    return ok and all(a[0] <= b[0] for a, b in zip(schedule, schedule[1:]))
+
+
 def _lora_fields() -> set[str]:
     import dataclasses
 
@@ -374,13 +385,8 @@ class TBAConfig(AlgorithmConfig):
             err(f"min_buffer_size ({self.min_buffer_size}) must be <= buffer_capacity ({self.buffer_capacity})")
         if self.eviction not in EVICTION_POLICIES:
             err(f"eviction must be one of {EVICTION_POLICIES}, got {self.eviction!r}")
-        if self.beta_schedule is not None:
-            ok = isinstance(self.beta_schedule, (list, tuple)) and len(self.beta_schedule) >= 1 and all(
-                isinstance(p, (list, tuple)) and len(p) == 2 and all(_finite_number(x) for x in p)
-                and p[0] >= 0 and p[1] > 0 for p in self.beta_schedule) and self.beta_schedule[0][0] == 0
-            if not ok or any(a[0] > b[0] for a, b in zip(self.beta_schedule, self.beta_schedule[1:])):
-                err(f"beta_schedule must be [[learner_update, beta], ...] starting at update 0, with non-decreasing "
-                    f"updates and finite beta > 0, got {self.beta_schedule!r}")
+        if self.beta_schedule is not None and not valid_beta_schedule(self.beta_schedule):
+            err(f"beta_schedule must be {BETA_SCHEDULE_RULE}, got {self.beta_schedule!r}")
         if self.grad_clip is not None and not (_finite_number(self.grad_clip) and self.grad_clip > 0):
             err(f"grad_clip must be None (no clipping) or a number > 0, got {self.grad_clip!r}")
         if self.max_new_tokens is not None and (isinstance(self.max_new_tokens, bool)
