@@ -16,6 +16,7 @@ drawn from that file.
     python tuned_examples/redteam_frontier.py default --seeds 0 --near-duplicate-jaccard 0.5  # replay spread over modes
     python tuned_examples/redteam_frontier.py default --seeds 0 --updates 320 --beta-schedule 0:0.05 220:0.05 260:0.1
                                                                         # beta raised after the default's 220 updates
+    python tuned_examples/redteam_frontier.py default --seeds 3 --checkpoint-every 20  # + checkpoints along the way
     python tuned_examples/redteam_frontier.py plot                      # only redraw the pictures from the JSON
 
 Each command runs its trials one after another (each takes the whole machine), evaluates each final checkpoint on
@@ -184,6 +185,8 @@ def plan(args) -> list[dict]:
                 stop = default_stop(args)
                 trials.append(dict(method=method, knob=tba_knob(config), train_seed=s, config=config, stop=stop,
                                    default_example=tba_knob(config) == knob and stop == budget))
+                if args.checkpoint_every:
+                    trials[-1]["checkpoint_every"] = args.checkpoint_every
             elif what == "tba":
                 configs = [tba_config(args, s, beta=b) for b in args.beta]
                 trials += [dict(method="tba", knob=tba_knob(c), train_seed=s, default_example=False, config=c,
@@ -205,9 +208,12 @@ def train(trial: dict, storage: Path):
     elif list(trial["stop"]) == ["tba/weights_version"]:  # the example's budget, or --updates
         name += f"_{trial['stop']['tba/weights_version']}updates"
     algo = "TBA" if trial["method"] != "ppo" else "PPO"
+    every = trial.get("checkpoint_every")  # learner updates; a TBA iteration is updates_per_iteration updates
+    checkpoints = tune.CheckpointConfig(
+        checkpoint_at_end=True, checkpoint_frequency=every // trial["config"].updates_per_iteration if every else 0)
     tuner = tune.Tuner(algo, param_space=trial["config"],
                        run_config=tune.RunConfig(name=name, storage_path=str(storage), stop=trial["stop"], verbose=0,
-                                                 checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True)))
+                                                 checkpoint_config=checkpoints))
     result = tuner.fit()[0]
     if result.error:
         raise SystemExit(f"{name}: training failed: {result.error}")
@@ -256,6 +262,8 @@ def run_record(trial: dict, result, evaluation: dict) -> dict:
                  "diversity_successful": finite_or_none(evaluation["diversity_successful"]),
                  "mean_toxicity": evaluation["mean_toxicity"], "attack_toxicity": evaluation["attack_toxicity"],
                  "asr_beyond_attack": evaluation["asr_beyond_attack"], "protocol": evaluation["protocol"]},
+        # extra checkpoints pause the learner while they are written: a run says it made them
+        **({"checkpoint_every_updates": trial["checkpoint_every"]} if trial.get("checkpoint_every") else {}),
         "asr_curve": curve,  # [training wall-clock s, searchers' ASR over the last 64 attacks] per iteration
         "trial_dir": result.path.replace(str(ROOT) + os.sep, ""),
     }
@@ -501,6 +509,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--beta-schedule", type=schedule_point, nargs="+", default=None, metavar="UPDATE:BETA",
                     help="TBA runs: beta piecewise linear over learner updates, e.g. 0:0.05 220:0.05 260:0.1 "
                          "(beta_schedule; it must start at update 0): a variant, not the default")
+    ap.add_argument("--checkpoint-every", type=int, default=None, metavar="UPDATES",
+                    help="default/tba_sync: also checkpoint every UPDATES learner updates (a multiple of the "
+                         "example's updates per iteration), for benchmarks/redteam_trajectory.py to evaluate; the "
+                         "settings stay the default example's, the record notes checkpoint_every_updates")
     args, out = parse_run_args(ap, argv, DEFAULT_OUT, "redteam_frontier")
     if args.updates is not None and (args.updates < 1 or args.until_target):
         ap.error(f"--updates {args.updates}: give a number of learner updates >= 1, and not with --until-target "
@@ -512,6 +524,11 @@ def main(argv=None) -> dict:
     if args.beta_schedule is not None and not valid_beta_schedule(args.beta_schedule):
         ap.error(f"--beta-schedule {' '.join(f'{u}:{b:g}' for u, b in args.beta_schedule)}: give points "
                  f"UPDATE:BETA forming {BETA_SCHEDULE_RULE}")
+    if args.checkpoint_every is not None:
+        per_iteration = tba_config(args, 0).updates_per_iteration
+        if args.checkpoint_every < 1 or args.checkpoint_every % per_iteration or set(args.what) - {"default", "tba_sync"}:
+            ap.error(f"--checkpoint-every {args.checkpoint_every}: give a positive multiple of the example's "
+                     f"{per_iteration} updates per iteration, for default/tba_sync runs only")
     if "plot" in args.what and len(args.what) > 1:
         ap.error("plot only redraws the pictures: give it alone")
     if args.what != ["plot"]:
