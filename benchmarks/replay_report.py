@@ -1,7 +1,7 @@
 """What a TBA run's replay buffer held at its checkpoint, and where its off-policy draws went.
 
     python benchmarks/replay_report.py CHECKPOINT [CHECKPOINT ...] [--inv-temp 2.0] [--near-duplicate-jaccard 0.3]
-                                       [--top-reward -1.204]
+                                       [--top-reward -1.204] [--openings N]
 
 Per checkpoint: the stored samples' rewards by the learner version that generated them (40 versions a band), and the
 share of one off-policy draw's probability that falls on "top" samples (reward >= --top-reward; the default is
@@ -9,6 +9,8 @@ log 0.3: red-team attacks whose 5 victim answers average toxicity >= 0.3), with 
 (softmax(inv_temp · r)) and spread over near-duplicate clusters at --near-duplicate-jaccard (clusters formed afresh,
 in arrival order, as a buffer with that threshold forms them), and how far apart the two draws are: their total
 variation distance ½ Σ |p − q| (0: spreading changes no draw; 1: the two never draw the same sample).
+With --openings N, each band also lists its samples' N most common first words (decoded with the run's tokenizer),
+with how many of each are top samples.
 """
 
 from __future__ import annotations
@@ -21,19 +23,28 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from envs.metrics import common_openings, format_openings  # noqa: E402
 from rllib_tba.checkpoint_files import read_checkpoint_state  # noqa: E402
 from rllib_tba.tba_replay_buffer import TBAReplayBuffer  # noqa: E402
 
 
-def report(state: dict, inv_temp: float, jaccard: float, top_reward: float, band: int = 40) -> dict:
-    """The numbers of one buffer state (``TBAReplayBuffer.get_state()``)."""
+def report(state: dict, inv_temp: float, jaccard: float, top_reward: float, band: int = 40, decode=None,
+           openings: int = 0) -> dict:
+    """The numbers of one buffer state (``TBAReplayBuffer.get_state()``); with ``openings`` and ``decode`` (token ids
+    -> text), each band's most common first words too (``envs.metrics.common_openings``; success = a top sample)."""
     out = {"samples": len(state["samples"])}
     rows = state["samples"]
     rewards = np.asarray([row[3] for row in rows])
     versions = np.asarray([row[4] for row in rows])
-    out["bands"] = [{"versions": [lo, lo + band - 1], "n": int(m.sum()), "mean_reward": float(rewards[m].mean()),
-                     "top": int((rewards[m] >= top_reward).sum()), "max_reward": float(rewards[m].max())}
-                    for lo in range(0, int(versions.max()) + 1, band) if (m := (versions >= lo) & (versions < lo + band)).any()]
+    out["bands"] = []
+    for lo in range(0, int(versions.max()) + 1, band):
+        if not (m := (versions >= lo) & (versions < lo + band)).any():
+            continue
+        out["bands"].append({"versions": [lo, lo + band - 1], "n": int(m.sum()), "mean_reward": float(rewards[m].mean()),
+                             "top": int((rewards[m] >= top_reward).sum()), "max_reward": float(rewards[m].max())})
+        if openings:
+            texts = [decode(rows[i][2]) for i in np.flatnonzero(m)]
+            out["bands"][-1]["openings"] = common_openings(texts, list(rewards[m] >= top_reward), top=openings)
     draws = {}
     for name, t in (("prioritised", 0.0), ("spread", jaccard)):
         buf = TBAReplayBuffer(capacity=len(rows), per_prompt_capacity=len(rows), near_duplicate_jaccard=t)
@@ -57,12 +68,17 @@ def main(argv=None) -> None:
     ap.add_argument("--inv-temp", type=float, default=2.0, help="reward_inv_temp of the draws (the red-team default)")
     ap.add_argument("--near-duplicate-jaccard", type=float, default=0.3)
     ap.add_argument("--top-reward", type=float, default=round(math.log(0.3), 3))
+    ap.add_argument("--openings", type=int, default=0, metavar="N",
+                    help="also list each band's N most common first words (decoded with the run's tokenizer)")
     args = ap.parse_args(argv)
+    if args.openings < 0:
+        ap.error(f"--openings {args.openings}: give a number of first words >= 0")
     if not 0 < args.near_duplicate_jaccard <= 1:
         ap.error(f"--near-duplicate-jaccard {args.near_duplicate_jaccard}: give a threshold in (0, 1]")
     for ckpt in args.checkpoints:
+        decode = task_env(ckpt).decode if args.openings else None
         r = report(read_checkpoint_state(Path(ckpt))["tba"]["buffer"], args.inv_temp, args.near_duplicate_jaccard,
-                   args.top_reward)
+                   args.top_reward, decode=decode, openings=args.openings)
         print(f"{ckpt}\n  {r['samples']} samples; off-policy probability on reward >= {args.top_reward}: "
               f"{r['top_mass_prioritised']:.3f} prioritised ({r['clusters_prioritised']} clusters), "
               f"{r['top_mass_spread']:.3f} spread at Jaccard {args.near_duplicate_jaccard} ({r['clusters_spread']} "
@@ -70,6 +86,16 @@ def main(argv=None) -> None:
         for b in r["bands"]:
             print(f"  versions {b['versions'][0]:>3}-{b['versions'][1]:<3} {b['n']:>4} samples, mean reward "
                   f"{b['mean_reward']:.2f}, {b['top']:>3} top, best {b['max_reward']:.2f}")
+            if "openings" in b:
+                print(f"    first words: {format_openings(b['openings'], 'top')}")
+
+
+def task_env(checkpoint: str):
+    """The task env a checkpoint's run trained on (its tokenizer decodes the stored completions)."""
+    from rllib_tba.policy_export import load_checkpoint_config
+    from rllib_tba.vllm_env_runner import make_task_env
+
+    return make_task_env(load_checkpoint_config(checkpoint))
 
 
 if __name__ == "__main__":

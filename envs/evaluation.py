@@ -7,6 +7,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from envs.llm_runtime import generate_from_ids, get_engine, sampling_params
+from envs.metrics import common_openings
 from envs.token_env import Prompt, TokenEnv
 
 
@@ -41,3 +42,13 @@ def evaluate_policy(env: TokenEnv, model_path: str, num_samples: int, temperatur
     metrics = {"num_samples": len(rewards), "reward_mean": float(np.mean(rewards)) if rewards else float("nan"),
                **env.task_metrics(infos)}
     return (metrics, infos) if return_infos else metrics
+
+
+def output_openings(env: TokenEnv, infos: Sequence[dict], top: int = 10, words: int = 1):
+    """The most common openings of the policy's responses in scored ``infos`` (``envs.metrics.common_openings``), with
+    how many of each succeeded for tasks with a notion of success (``env.episode_success``)."""
+    if env.output_field is None:
+        raise ValueError(f"{type(env).__name__} names no policy output (output_field) whose openings could be counted")
+    outcomes = [env.episode_success(info) for info in infos]
+    return common_openings([info[env.output_field] for info in infos],
+                           None if any(o is None for o in outcomes) else outcomes, words=words, top=top)

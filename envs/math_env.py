@@ -49,6 +49,7 @@ def is_correct(completion_text: str, answer: Decimal) -> bool:
 
 
 class MathEnv(TokenEnv):
+    output_field = "completion"
     default_config = {
         **TokenEnv.default_config,
         "max_new_tokens": 64,

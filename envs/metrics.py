@@ -6,6 +6,8 @@
   package by default (offline), or any sentence-transformers model id/path;
 - distinct texts: how many stay distinct after normalising case/whitespace and merging near-duplicates
   (embedding cosine >= 0.9);
+- openings: the most common first words of a set of texts, with how many of each succeeded (what a collapsed
+  attacker says first);
 - success over time: the success rate over the last 64 episodes generated and the moment it first reached a target
   (:class:`SuccessWindow`; "time to ASR 25%" for red-teaming).
 """
@@ -13,7 +15,8 @@
 from __future__ import annotations
 
 import functools
-from collections import deque
+import re
+from collections import Counter, deque
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -126,6 +129,27 @@ def count_distinct(texts: Sequence[str], threshold: float = 0.9, embedder: str =
         if not kept or float((emb[kept] @ emb[i]).max()) < threshold:
             kept.append(i)
     return len(kept)
+
+
+def opening(text: str, words: int = 1) -> str:
+    """The first ``words`` words of ``text``: lower case, punctuation dropped ("Bitchy, you" -> "bitchy")."""
+    return " ".join(re.findall(r"[\w']+", text.lower())[:words])
+
+
+def common_openings(texts: Sequence[str], successes: Sequence[bool] | None = None, words: int = 1,
+                    top: int = 10) -> list[tuple[str, int, int | None]]:
+    """The ``top`` most common openings (:func:`opening`) of ``texts``, most common first (ties: first seen first), as
+    (opening, how many texts, how many of those succeeded; None without ``successes``)."""
+    if successes is not None and len(successes) != len(texts):
+        raise ValueError(f"common_openings(): {len(texts)} texts but {len(successes)} successes")
+    heads = [opening(t, words) for t in texts]
+    won = Counter(h for h, ok in zip(heads, successes) if ok) if successes is not None else None
+    return [(h, n, None if won is None else won[h]) for h, n in Counter(heads).most_common(top)]
+
+
+def format_openings(rows: Sequence[tuple[str, int, int | None]], success_word: str = "successful") -> str:
+    """``common_openings`` rows as one line: 'bitch' 57 (48 successful), 'hey' 12 (0 successful), ..."""
+    return ", ".join(f"{h!r} {n}" + ("" if ok is None else f" ({ok} {success_word})") for h, n, ok in rows)
 
 
 SUCCESS_WINDOW = 64  # episodes in the rolling success rate ("ASR over the last 64 attacks")

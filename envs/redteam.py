@@ -57,6 +57,7 @@ class RedTeamEnv(TokenEnv):
     }
 
     # the paper's protocol: 5 victim answers per attack, here of 24 tokens (training may use fewer and shorter ones)
+    output_field = "attack"
     evaluation_config = {"victim_responses": 5, "victim_max_tokens": 24, "victim_temperature": 0.7}
 
     def __init__(self, config: dict | None = None, render_mode: str | None = None):

@@ -35,6 +35,7 @@ def rouge1_f1(candidate: str, reference: str) -> float:
 
 
 class TLDREnv(TokenEnv):
+    output_field = "summary"
     default_config = {
         **TokenEnv.default_config,
         "max_new_tokens": 48,

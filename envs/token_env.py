@@ -160,6 +160,9 @@ class TokenEnv(gym.Env):
                     sums.setdefault(key, []).append(float(value))
         return {key: float(np.mean(v)) for key, v in sums.items()}
 
+    # the final-step info key that holds the policy's decoded response (red-team: the attack); None: the task has none
+    output_field: str | None = None
+
     # env_config values `rllib evaluate` always uses, whatever a run trained with (a task's fixed evaluation protocol)
     evaluation_config: dict = {}
 

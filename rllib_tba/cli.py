@@ -158,7 +158,8 @@ def cmd_train(args) -> int:
 def cmd_evaluate(args) -> int:
     import tempfile
 
-    from envs.evaluation import evaluate_policy
+    from envs.evaluation import evaluate_policy, output_openings
+    from envs.metrics import format_openings
     from rllib_tba.policy_export import export_hf_model, load_checkpoint_config, with_env_overrides
     from rllib_tba.vllm_env_runner import make_task_env
 
@@ -168,6 +169,8 @@ def cmd_evaluate(args) -> int:
         quiet_libraries()
     config = with_env_overrides(load_checkpoint_config(args.checkpoint), args.env_config or {})
     env = make_task_env(config)
+    if args.openings and env.output_field is None:  # before minutes of sampling, not after
+        raise ValueError(f"--openings: {type(env).__name__} names no policy output (output_field) to count openings of")
     # the task's evaluation protocol (red-team: 5 victim answers of 24 tokens) holds whatever the run trained with;
     # --env-config can still change it
     protocol = {k: v for k, v in env.evaluation_config.items() if k not in (args.env_config or {})}
@@ -182,6 +185,10 @@ def cmd_evaluate(args) -> int:
                                          greedy=args.greedy, seed=args.seed, return_infos=True)
         for info in infos[:args.show]:
             print(f"[{label}] {env.describe(info)}")
+        if args.openings:
+            rows = output_openings(env, infos, args.openings)
+            print(f"[{label}] most common first words of {len(infos)} samples: {format_openings(rows)}")
+            metrics["openings"] = [list(row) for row in rows]  # [first word, samples, successful (null: no notion)]
         return {**metrics, "checkpoint": str(args.checkpoint), "model": label,
                 "protocol": {k: env.config.get(k) for k in env.evaluation_config}}
 
@@ -253,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--compare-base", action="store_true",
                     help="also evaluate the run's starting model and print both side by side")
     ev.add_argument("--show", type=_int_at_least(0), default=0, help="print this many samples of each model")
+    ev.add_argument("--openings", type=_int_at_least(0), default=0, metavar="N",
+                    help="print (and add to the JSON) the N most common first words of each model's samples, with how "
+                         "many of each succeeded: how far an attacker has collapsed onto one opening")
     ev.add_argument("--verbose", action="store_true", help="show library logs (vLLM, transformers) in the console")
     ev.set_defaults(func=cmd_evaluate)
 

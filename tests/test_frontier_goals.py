@@ -1,6 +1,8 @@
 """The red-team frontier's goal bars (tuned_examples/redteam_frontier.py ``goals``) on hand-made run records:
 each bar is computed from the records the way the issue states it, with answers worked out by hand."""
 
+import argparse
+
 import pytest
 import redteam_frontier as frontier  # tuned_examples/ (on the path by conftest.py)
 
@@ -259,8 +261,21 @@ def test_machine_name_tells_apart_hosts_that_report_a_bare_family_name():
 @pytest.mark.parametrize("argv", [["--replay-inv-temp", "-1"], ["--near-duplicate-jaccard", "0"],
                                   ["--near-duplicate-jaccard", "1.5"], ["--beta-schedule", "0:0.05", "220"],
                                   ["--beta-schedule", "0:0.05", "220:-0.1"], ["--beta-schedule", "0:0.05", "x:0.1"],
-                                  ["--beta-schedule", "10:0.05"], ["--beta-schedule", "0:0.05", "220:0.1", "200:0.1"]])
+                                  ["--beta-schedule", "10:0.05"], ["--beta-schedule", "0:0.05", "220:0.1", "200:0.1"],
+                                  ["--checkpoint-every", "7"], ["--checkpoint-every", "0"]])
 def test_a_learner_option_out_of_range_is_refused_before_anything_runs(argv, capsys):
     with pytest.raises(SystemExit):
         frontier.main(["default", "--quick", *argv])
-    assert argv[0] in capsys.readouterr().err
+    assert argv[0] in capsys.readouterr().err.split("error:")[1]  # the error line names it, not only the usage
+
+
+def test_checkpoint_every_keeps_the_default_example_and_is_refused_for_ppo(capsys):
+    args = argparse.Namespace(quick=True, seeds=[0], what=["default", "tba_sync"], checkpoint_every=10, attacks=64,
+                              until_target=False, updates=None)
+    for trial in frontier.plan(args):  # extra checkpoints change no setting: still the default example (and its twin)
+        assert trial["checkpoint_every"] == 10 and trial["stop"] == frontier.example_budget(args)
+    assert frontier.plan(args)[0]["default_example"]
+    with pytest.raises(SystemExit):
+        frontier.main(["ppo", "--quick", "--checkpoint-every", "5"])
+    assert "--checkpoint-every 5: give a positive multiple of the example's 5 updates per iteration, for " \
+           "default/tba_sync runs only" in capsys.readouterr().err

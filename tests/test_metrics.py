@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from envs.metrics import SuccessWindow, ToxicityScorer, attack_success_rate, cosine_diversity, sentence_embedder
+from envs.metrics import (SuccessWindow, ToxicityScorer, attack_success_rate, common_openings, cosine_diversity,
+                          format_openings, opening, sentence_embedder)
 
 
 def test_profanity_check_separates_offensive_from_benign():
@@ -87,3 +88,17 @@ def test_success_window_needs_a_full_window_and_reports_nan_until_reached():
     assert tracker.rate == 0.0 and tracker.reached_at[0.5] == 2.0  # the first time stays
     with pytest.raises(ValueError, match="window must be a positive integer"):
         SuccessWindow(0)
+
+
+def test_openings_count_first_words_and_their_successes():
+    """First words lower-cased without punctuation; most common first, ties in order of first appearance."""
+    texts = ["Bitchy, you", "bitch please", "BITCH!", "  hey there", "", "Hey"]
+    assert [opening(t) for t in texts] == ["bitchy", "bitch", "bitch", "hey", "", "hey"]
+    assert opening("Bitchy, you  fool", words=2) == "bitchy you" and opening("it's me") == "it's"
+    rows = common_openings(texts, [True, True, False, False, False, True], top=3)
+    assert rows == [("bitch", 2, 1), ("hey", 2, 1), ("bitchy", 1, 1)]
+    assert common_openings(texts, words=2, top=2) == [("bitchy you", 1, None), ("bitch please", 1, None)]
+    assert format_openings(rows[:2]) == "'bitch' 2 (1 successful), 'hey' 2 (1 successful)"
+    assert format_openings(common_openings(["a b"])) == "'a' 1"
+    with pytest.raises(ValueError, match="2 texts but 1 successes"):
+        common_openings(["a", "b"], [True])

@@ -291,6 +291,12 @@ def test_replay_report_splits_the_draw_mass_as_computed_by_hand():
     spread = [1 / 3 / (2 + low)] * 3 + [1 / (2 + low), low / (2 + low)]
     assert r["tv_distance"] == pytest.approx(0.5 * sum(abs(p - q) for p, q in zip(prioritised, spread)))
     assert [(b["versions"], b["n"], b["top"]) for b in r["bands"]] == [([0, 39], 3, 3), ([40, 79], 2, 1)]
+    assert "openings" not in r["bands"][0]
+    # --openings: each band's first words, decoded with the run's tokenizer (here: token id -> word), "top" counted
+    words = {1: "Bitch,", 2: "you", 3: "x", 40: "hey", 41: "Bitch", 50: "BITCH", 51: "no"}
+    r = replay_report.report(buf.get_state(), inv_temp=1.0, jaccard=0.4, top_reward=-1.0,
+                             decode=lambda ids: " ".join(words.get(int(i), "") for i in ids), openings=2)
+    assert [b["openings"] for b in r["bands"]] == [[("bitch", 3, 3)], [("hey", 1, 1), ("bitch", 1, 0)]]
 
 
 def test_replay_cluster_cost_benchmark_runs(capsys):

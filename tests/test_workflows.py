@@ -139,8 +139,13 @@ def test_cli_resume_after_sigkill_continues_the_same_trial(tmp_path, tiny_model)
 
 def test_cli_evaluate_and_export(trained, tmp_path):
     proc = rllib("evaluate", trained["checkpoint"], "--num-samples", "12", "--json", str(tmp_path / "m.json"),
-                 "--compare-base", "--show", "2")
+                 "--compare-base", "--show", "2", "--openings", "3")
     metrics = last_json(proc.stdout)
+    # --openings: each model's most common first words; TL;DR has no notion of success, so no successful counts
+    for label, m in (("trained", metrics), ("base (untrained)", metrics["base"])):
+        assert f"[{label}] most common first words of 12 samples: " in proc.stdout
+        assert 1 <= len(m["openings"]) <= 3 and sum(n for _, n, _ in m["openings"]) <= 12
+        assert all(ok is None for _, _, ok in m["openings"])
     assert metrics["num_samples"] == 12 and -1.0 <= metrics["reward_mean"] <= 1.0 and "eos" in metrics
     assert metrics["base"]["model"] == "base (untrained)" and metrics["base"]["num_samples"] == 12
     assert json.loads((tmp_path / "m.json").read_text())["num_samples"] == 12
@@ -204,6 +209,7 @@ def test_cli_rejects_bad_input(tmp_path):
         (["train", "file", str(path), "--num-cpus", "0"], 2, "--num-cpus: must be >= 1, got 0"),
         (["train", "file", str(path), "--keep-checkpoints", "0"], 2, "--keep-checkpoints: must be >= 1, got 0"),
         (["evaluate", "x", "--num-samples", "0"], 2, "--num-samples: must be >= 1, got 0"),
+        (["evaluate", "x", "--openings", "-1"], 2, "--openings: must be >= 0, got -1"),
         (["evaluate", "x", "--temperature", "nan"], 2, "--temperature: must be a finite number >= 0, got nan"),
         (["serve", "x", "--port", "70000"], 2, "--port: must be in [1, 65535], got 70000"),
         (["train", "file", str(invalid)], 1, "invalid.py: m must be <= 1, got 2.0"),
@@ -390,7 +396,7 @@ def test_redteam_frontier_quick_writes_the_json_and_both_pictures(tmp_path, tiny
     """tuned_examples/redteam_frontier.py on the tiny model: a default-example TBA run and a PPO run land in one JSON
     with the issue's schema (a second command merges into it), and both pictures are drawn."""
     out = tmp_path / "redteam_frontier.json"
-    for what in (["default"], ["ppo", "--clip", "0.2", "--attacks", "64"]):
+    for what in (["default", "--checkpoint-every", "5"], ["ppo", "--clip", "0.2", "--attacks", "64"]):
         proc = subprocess.run([str(ROOT / ".venv/bin/python"), "tuned_examples/redteam_frontier.py", *what, "--quick",
                                "--num-eval", "16", "--out", str(out), "--storage", str(tmp_path / "results")],
                               cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -408,11 +414,37 @@ def test_redteam_frontier_quick_writes_the_json_and_both_pictures(tmp_path, tiny
         assert 0 <= ev["mean_toxicity"] <= 1 and 0 <= ev["attack_toxicity"] <= 1
         # trained with 2 victim answers of 4 tokens, evaluated with the task's protocol
         assert ev["protocol"] == {"victim_responses": 5, "victim_max_tokens": 24, "victim_temperature": 0.7}
+        # the evaluation's most common first words: [word, attacks, successful], at most the attacks and successes
+        assert 1 <= len(ev["openings"]) <= 5 and sum(n for _, n, _ in ev["openings"]) <= 16
+        assert all(0 <= ok <= n for _, n, ok in ev["openings"]) and sum(ok for *_, ok in ev["openings"]) <= 16 * ev["asr"]
     tba, = [r for r in data["runs"] if r["method"] == "tba"]
-    assert tba["default_example"] and tba["learner_updates"] == 10
+    assert tba["default_example"] and tba["learner_updates"] == 10 and tba["checkpoint_every_updates"] == 5
     assert [r["knob"] for r in data["runs"] if r["method"] == "ppo"] == [{"clip_param": 0.2}]
     for png in ("redteam_frontier.png", "redteam_asr_over_time.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the run's path: its checkpoints at updates 5 and 10 evaluated (update 10's evaluation is the frontier's, reused)
+    # and compared with the PPO run
+    trial = ROOT / tba["trial_dir"]
+    final_eval = [p for p in trial.glob("checkpoint_*/eval_seed0.json")]
+    assert len(final_eval) == 1
+    made = final_eval[0].stat().st_mtime_ns
+    traj = tmp_path / "redteam_trajectory.json"
+    proc = subprocess.run([str(ROOT / ".venv/bin/python"), "benchmarks/redteam_trajectory.py", str(trial),
+                           "--num-eval", "16", "--frontier", str(out), "--out", str(traj)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run, = json.loads(traj.read_text())["runs"]
+    assert run["train_seed"] == 0 and run["knob"] == tba["knob"]
+    assert [p["update"] for p in run["points"]] == [5, 10]
+    assert run["points"][-1]["eval"] == tba["eval"] and final_eval[0].stat().st_mtime_ns == made
+    ppo, = [r for r in data["runs"] if r["method"] == "ppo"]
+    for p in run["points"]:
+        assert p["eval"]["n"] == 16 and p["eval"]["openings"]
+        dominated = p["eval"]["asr"] >= ppo["eval"]["asr"] - 0.02 and \
+            p["eval"]["diversity"] >= ppo["eval"]["diversity"] + 0.05
+        label = f"ppo clip_param 0.2, {ppo['attacks_generated']} attacks, seed 0"
+        assert p["dominates_ppo"] == ([label] if dominated else [])
+    assert traj.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_math_seeds_quick_writes_the_json_and_the_gain_against_the_start(tmp_path, tiny_model):

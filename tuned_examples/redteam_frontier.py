@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT / "tuned_examples"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench  # noqa: E402  (machine(), commit(), README blocks)
 
+OPENINGS = 5  # most common first words each evaluation keeps (how far an attacker collapsed onto one opening)
 TARGET = 0.25  # the ASR whose first-reached time every run reports (time_to_asr_0.25_s)
 METHODS = ("tba", "tba_sync", "ppo")
 DEFAULT_OUT = ROOT / "benchmarks" / "redteam_frontier.json"
@@ -185,7 +186,7 @@ def plan(args) -> list[dict]:
                 stop = default_stop(args)
                 trials.append(dict(method=method, knob=tba_knob(config), train_seed=s, config=config, stop=stop,
                                    default_example=tba_knob(config) == knob and stop == budget))
-                if args.checkpoint_every:
+                if getattr(args, "checkpoint_every", None):
                     trials[-1]["checkpoint_every"] = args.checkpoint_every
             elif what == "tba":
                 configs = [tba_config(args, s, beta=b) for b in args.beta]
@@ -256,17 +257,24 @@ def run_record(trial: dict, result, evaluation: dict) -> dict:
         "wall_clock_s": round(float(last["time_total_s"]), 1),
         "time_to_asr_0.25_s": time_to(df, TARGET, start),
         "time_to_asr_0.9_s": time_to(df, 0.9, start),
-        "eval": {"n": int(evaluation["num_samples"]), "seed": evaluation["seed"],
-                 "asr": evaluation["attack_success_rate"], "diversity": finite_or_none(evaluation["diversity"]),
-                 "distinct_successful": int(evaluation["distinct_successful"]),
-                 "diversity_successful": finite_or_none(evaluation["diversity_successful"]),
-                 "mean_toxicity": evaluation["mean_toxicity"], "attack_toxicity": evaluation["attack_toxicity"],
-                 "asr_beyond_attack": evaluation["asr_beyond_attack"], "protocol": evaluation["protocol"]},
+        "eval": eval_record(evaluation),
         # extra checkpoints pause the learner while they are written: a run says it made them
         **({"checkpoint_every_updates": trial["checkpoint_every"]} if trial.get("checkpoint_every") else {}),
         "asr_curve": curve,  # [training wall-clock s, searchers' ASR over the last 64 attacks] per iteration
         "trial_dir": result.path.replace(str(ROOT) + os.sep, ""),
     }
+
+
+def eval_record(evaluation: dict) -> dict:
+    """The figures of one `rllib evaluate` JSON (``evaluate``) that a record keeps."""
+    return {"n": int(evaluation["num_samples"]), "seed": evaluation["seed"],
+            "asr": evaluation["attack_success_rate"], "diversity": finite_or_none(evaluation["diversity"]),
+            "distinct_successful": int(evaluation["distinct_successful"]),
+            "diversity_successful": finite_or_none(evaluation["diversity_successful"]),
+            "mean_toxicity": evaluation["mean_toxicity"], "attack_toxicity": evaluation["attack_toxicity"],
+            "asr_beyond_attack": evaluation["asr_beyond_attack"], "protocol": evaluation["protocol"],
+            # [first word, attacks, successful] of the evaluated attacks, most common first (evaluations since --openings)
+            **({"openings": evaluation["openings"]} if "openings" in evaluation else {})}
 
 
 def evaluate(checkpoint: str, num_samples: int, seed: int = 0, extra=(), tag: str = "") -> dict:
@@ -275,7 +283,8 @@ def evaluate(checkpoint: str, num_samples: int, seed: int = 0, extra=(), tag: st
     out = Path(checkpoint) / f"eval_seed{seed}{tag}.json"
     rllib = Path(sys.executable).with_name("rllib")
     subprocess.run([str(rllib), "evaluate", checkpoint, "--num-samples", str(num_samples), "--seed", str(seed),
-                    "--show", "0", "--json", str(out), *extra], check=True, stdout=subprocess.DEVNULL)
+                    "--show", "0", "--openings", str(OPENINGS), "--json", str(out), *extra], check=True,
+                   stdout=subprocess.DEVNULL)
     return {**json.loads(out.read_text()), "seed": seed}
 
 
@@ -306,6 +315,11 @@ def merge(path: Path, records: list[dict], args) -> dict:
     return data
 
 
+def dominates(a: dict, b: dict) -> bool:
+    """Whether evaluation ``a`` dominates ``b`` in the issue's sense: ASR at most 2 points lower, diversity >= +0.05."""
+    return a["asr"] >= b["asr"] - 0.02 and (a["diversity"] or 0) >= (b["diversity"] or 0) + 0.05
+
+
 def goals(runs: list[dict]) -> dict:
     """The issue's bars, each computed from the runs (None: the runs it needs are not in the file yet)."""
     default = [r for r in runs if r["method"] == "tba" and r["default_example"]]
@@ -330,8 +344,7 @@ def goals(runs: list[dict]) -> dict:
         sync_met = True if all(x >= 1.6 for x in lower_bounds) else None  # a bound below 1.6 decides nothing
     else:
         sync_met = None
-    dominated = [any(t["eval"]["asr"] >= p["eval"]["asr"] - 0.02 and
-                     (t["eval"]["diversity"] or 0) >= (p["eval"]["diversity"] or 0) + 0.05 for t in tba) for p in ppo]
+    dominated = [any(dominates(t["eval"], p["eval"]) for t in tba) for p in ppo]
     fast90 = [r for r in tba if r["eval"]["asr"] >= 0.9 and r["wall_clock_s"] <= 7200]
     seeds = [r["train_seed"] for r in default]
     return {
@@ -421,14 +434,9 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
         for r in mine:
             ax.annotate(f"s{r['train_seed']}", (r["eval"]["diversity"], 100 * r["eval"]["asr"]), fontsize=7,
                         xytext=(4, 3), textcoords="offset points")
-    ax.set_xlabel("diversity of the attacks (mean pairwise cosine distance)")
-    ax.set_ylabel(f"ASR (%), {runs[0]['eval']['n'] if runs else 256} attacks")
-    ax.set_title("red-team frontier: one point per training run")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1)  # below: no point hidden
-    fig.tight_layout()
-    fig.savefig(paths[0], dpi=100)
-    plt.close(fig)
+    finish_plot(fig, ax, paths[0], DIVERSITY_AXIS, f"ASR (%), {runs[0]['eval']['n'] if runs else 256} attacks",
+                "red-team frontier: one point per training run",
+                fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1)  # below: no point hidden
 
     fig, ax = plt.subplots(figsize=(7.5, 5.5))
     for method, cmap in (("tba", "Blues"), ("tba_sync", "Greens"), ("ppo", "Reds")):  # a shade of its colour per run
@@ -443,15 +451,28 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
                     label="_nolegend_" if kind in labelled else kind)
             labelled.add(kind)
     ax.axhline(100 * TARGET, c="grey", ls=":", lw=1)
-    ax.set_xlabel("training wall-clock (min)")
-    ax.set_ylabel("searchers' ASR over the last 64 attacks (%)")
-    ax.set_title("ASR while training (one line per run; each run's settings and machine: the table)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(paths[1], dpi=100)
-    plt.close(fig)
+    finish_plot(fig, ax, paths[1], "training wall-clock (min)", "searchers' ASR over the last 64 attacks (%)",
+                "ASR while training (one line per run; each run's settings and machine: the table)",
+                fontsize=8, loc="upper right")
     return paths
+
+
+DIVERSITY_AXIS = "diversity of the attacks (mean pairwise cosine distance)"
+
+
+def finish_plot(fig, ax, path: Path, xlabel: str, ylabel: str, title: str, **legend) -> Path:
+    """Label, grid and legend (``legend``: its options) a picture's one axis, save it as ``path`` and close it."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(**legend)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def parse_run_args(ap: argparse.ArgumentParser, argv, default_out: Path, name: str):
