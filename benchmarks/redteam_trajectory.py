@@ -24,14 +24,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tuned_examples"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench  # noqa: E402
-from redteam_frontier import (COLOURS, DEFAULT_OUT, DIVERSITY_AXIS, dominates, eval_record, evaluate,  # noqa: E402
-                              finish_plot, tba_knob)
+from redteam_frontier import (COLOURS, DEFAULT_OUT, DIVERSITY_AXIS, dominates, eval_path,  # noqa: E402
+                              eval_record, evaluate, finish_plot, run_label, tba_knob)
 from rllib_tba.checkpoint_files import read_checkpoint_state  # noqa: E402
 from rllib_tba.policy_export import load_checkpoint_config  # noqa: E402
 
+
 def ppo_label(run: dict) -> str:
-    knob = ", ".join(f"{k} {v}" for k, v in run["knob"].items())
-    return f"ppo {knob}, {run['attacks_generated']} attacks, seed {run['train_seed']}"
+    return f"ppo {run_label(run)}, {run['attacks_generated']} attacks, seed {run['train_seed']}"
 
 
 def checkpoints(trial_dir: Path) -> list[tuple[int, Path]]:
@@ -49,7 +49,7 @@ def checkpoints(trial_dir: Path) -> list[tuple[int, Path]]:
 
 def evaluated(checkpoint: Path, num_eval: int) -> dict:
     """The checkpoint's evaluation with its first words: the saved one if it has them, else a fresh one."""
-    saved = checkpoint / "eval_seed0.json"
+    saved = eval_path(checkpoint)
     if saved.is_file():
         data = json.loads(saved.read_text())
         if data.get("num_samples") == num_eval and "openings" in data:

@@ -277,10 +277,15 @@ def eval_record(evaluation: dict) -> dict:
             **({"openings": evaluation["openings"]} if "openings" in evaluation else {})}
 
 
+def eval_path(checkpoint, seed: int = 0, tag: str = "") -> Path:
+    """Where ``evaluate`` keeps a checkpoint's evaluation JSON."""
+    return Path(checkpoint) / f"eval_seed{seed}{tag}.json"
+
+
 def evaluate(checkpoint: str, num_samples: int, seed: int = 0, extra=(), tag: str = "") -> dict:
     """`rllib evaluate` on the checkpoint (``extra``: more of its options), in its own process (the same protocol a
-    user runs); its JSON is kept next to the checkpoint as eval_seed<seed><tag>.json."""
-    out = Path(checkpoint) / f"eval_seed{seed}{tag}.json"
+    user runs); its JSON is kept next to the checkpoint (``eval_path``)."""
+    out = eval_path(checkpoint, seed, tag)
     rllib = Path(sys.executable).with_name("rllib")
     subprocess.run([str(rllib), "evaluate", checkpoint, "--num-samples", str(num_samples), "--seed", str(seed),
                     "--show", "0", "--openings", str(OPENINGS), "--json", str(out), *extra], check=True,
