@@ -25,13 +25,20 @@ sys.path.insert(0, str(ROOT / "tuned_examples"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench  # noqa: E402
 from redteam_frontier import (COLOURS, DEFAULT_OUT, DIVERSITY_AXIS, dominates, eval_path,  # noqa: E402
-                              eval_record, evaluate, finish_plot, run_label, tba_knob)
+                              eval_record, evaluate, example_knob, finish_plot, run_label, tba_knob)
 from rllib_tba.checkpoint_files import read_checkpoint_state  # noqa: E402
 from rllib_tba.policy_export import load_checkpoint_config  # noqa: E402
 
 
 def ppo_label(run: dict) -> str:
     return f"ppo {run_label(run)}, {run['attacks_generated']} attacks, seed {run['train_seed']}"
+
+
+def tba_label(run: dict) -> str:
+    """A trajectory's legend entry: its seed, and what its settings change from the default example's."""
+    default = example_knob(argparse.Namespace(quick=False))
+    changed = ", ".join(f"{k} {v}" for k, v in run["knob"].items() if default.get(k) != v)
+    return f"tba seed {run['train_seed']}{', ' + changed if changed else ''}: every checkpoint (learner update)"
 
 
 def checkpoints(trial_dir: Path) -> list[tuple[int, Path]]:
@@ -85,7 +92,7 @@ def plot(data: dict, ppo: list[dict], path: Path) -> Path:
         xs = [p["eval"]["diversity"] for p in run["points"]]
         ys = [100 * p["eval"]["asr"] for p in run["points"]]
         ax.plot(xs, ys, "-o", c=plt.get_cmap("Blues")(0.5 + 0.5 * i / max(1, len(data["runs"]) - 1)), ms=4,
-                label=f"tba seed {run['train_seed']}: every checkpoint (learner update)")
+                label=tba_label(run))
         for p, x, y in zip(run["points"], xs, ys):
             ax.annotate(str(p["update"]), (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
     for p in ppo:
