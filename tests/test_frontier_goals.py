@@ -279,3 +279,16 @@ def test_checkpoint_every_keeps_the_default_example_and_is_refused_for_ppo(capsy
         frontier.main(["ppo", "--quick", "--checkpoint-every", "5"])
     assert "--checkpoint-every 5: give a positive multiple of the example's 5 updates per iteration, for " \
            "default/tba_sync runs only" in capsys.readouterr().err
+
+
+def test_trajectory_legend_names_only_what_a_run_changes_from_the_default_example():
+    import redteam_trajectory  # benchmarks/ (on the path by conftest.py)
+
+    default = frontier.example_knob(argparse.Namespace(quick=False))
+    assert redteam_trajectory.tba_label({"train_seed": 3, "knob": dict(default)}) == \
+        "tba seed 3: every checkpoint (learner update)"
+    variant = {**default, "beta_schedule": [[0, 0.05], [220, 0.05], [260, 0.02]]}
+    assert redteam_trajectory.tba_label({"train_seed": 0, "knob": variant}) == \
+        "tba seed 0, beta_schedule [[0, 0.05], [220, 0.05], [260, 0.02]]: every checkpoint (learner update)"
+    assert redteam_trajectory.tba_label({"train_seed": 1, "knob": {**default, "beta": 0.1}}) == \
+        "tba seed 1, beta 0.1: every checkpoint (learner update)"
