@@ -286,9 +286,9 @@ def test_trajectory_legend_names_only_what_a_run_changes_from_the_default_exampl
 
     default = frontier.example_knob(argparse.Namespace(quick=False))
     assert redteam_trajectory.tba_label({"train_seed": 3, "knob": dict(default)}) == \
-        "tba seed 3: every checkpoint (learner update)"
+        "tba seed 3: evaluated checkpoints (learner update)"
     variant = {**default, "beta_schedule": [[0, 0.05], [220, 0.05], [260, 0.02]]}
     assert redteam_trajectory.tba_label({"train_seed": 0, "knob": variant}) == \
-        "tba seed 0, beta_schedule [[0, 0.05], [220, 0.05], [260, 0.02]]: every checkpoint (learner update)"
+        "tba seed 0, beta_schedule [[0, 0.05], [220, 0.05], [260, 0.02]]: evaluated checkpoints (learner update)"
     assert redteam_trajectory.tba_label({"train_seed": 1, "knob": {**default, "beta": 0.1}}) == \
-        "tba seed 1, beta 0.1: every checkpoint (learner update)"
+        "tba seed 1, beta 0.1: evaluated checkpoints (learner update)"

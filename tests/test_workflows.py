@@ -394,7 +394,9 @@ def test_bench_quick_writes_every_figure(tmp_path):
 
 def test_redteam_frontier_quick_writes_the_json_and_both_pictures(tmp_path, tiny_model):
     """tuned_examples/redteam_frontier.py on the tiny model: a default-example TBA run and a PPO run land in one JSON
-    with the issue's schema (a second command merges into it), and both pictures are drawn."""
+    with the issue's schema (a second command merges into it), and both pictures are drawn; the run's checkpoint path
+    is evaluated (all of it, then one chosen checkpoint, keeping the other point; an update without a checkpoint is
+    refused)."""
     out = tmp_path / "redteam_frontier.json"
     for what in (["default", "--checkpoint-every", "5"], ["ppo", "--clip", "0.2", "--attacks", "64"]):
         proc = subprocess.run([str(ROOT / ".venv/bin/python"), "tuned_examples/redteam_frontier.py", *what, "--quick",
@@ -445,6 +447,24 @@ def test_redteam_frontier_quick_writes_the_json_and_both_pictures(tmp_path, tiny
         label = f"ppo clip_param 0.2, {ppo['attacks_generated']} attacks, seed 0"
         assert p["dominates_ppo"] == ([label] if dominated else [])
     assert traj.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a chosen checkpoint only: update 5 evaluated again (its saved evaluation reused), update 10's point kept
+    evals = {p: p.stat().st_mtime_ns for p in trial.glob("checkpoint_*/eval_seed0.json")}
+    assert len(evals) == 2
+    before = json.loads(traj.read_text())["runs"][0]["points"]
+    proc = subprocess.run([str(ROOT / ".venv/bin/python"), "benchmarks/redteam_trajectory.py", str(trial), "--updates",
+                           "5", "--num-eval", "16", "--frontier", str(out), "--out", str(traj)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "update 5:" in proc.stdout and "update 10:" not in proc.stdout
+    assert json.loads(traj.read_text())["runs"][0]["points"] == before
+    assert {p: p.stat().st_mtime_ns for p in evals} == evals
+    # an update the run kept no checkpoint of: refused before anything is evaluated, the file untouched
+    written = traj.read_text()
+    proc = subprocess.run([str(ROOT / ".venv/bin/python"), "benchmarks/redteam_trajectory.py", str(trial), "--updates",
+                           "5", "7", "--num-eval", "16", "--frontier", str(out), "--out", str(traj)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "no checkpoint of learner update(s) [7]; it kept updates [5, 10]" in proc.stderr
+    assert "update 5:" not in proc.stdout and traj.read_text() == written
 
 
 def test_math_seeds_quick_writes_the_json_and_the_gain_against_the_start(tmp_path, tiny_model):
