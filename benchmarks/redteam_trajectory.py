@@ -1,7 +1,7 @@
-"""A red-team TBA run's path through (diversity, ASR): every checkpoint the run kept (or those chosen), evaluated with the frontier's
-protocol (`rllib evaluate CKPT --num-samples 256 --openings 5`, evaluation seed 0), against the PPO runs of
-benchmarks/redteam_frontier.json. It answers whether the attacker passes through a point that dominates a PPO run
-(ASR at most 2 points lower, diversity >= +0.05) on its way to its final ASR, or is less diverse at every ASR.
+"""A red-team TBA run's path through (diversity, ASR): every checkpoint the run kept (or those chosen), evaluated
+with the frontier's protocol (`rllib evaluate CKPT --num-samples 256 --openings 5`, evaluation seed 0), against the PPO
+runs of benchmarks/redteam_frontier.json. It answers whether the attacker passes through a point that dominates a PPO
+run (ASR at most 2 points lower, diversity >= +0.05) on its way to its final ASR, or is less diverse at every ASR.
 
     python tuned_examples/redteam_frontier.py default --seeds 3 --checkpoint-every 20   # a run that keeps checkpoints
     python benchmarks/redteam_trajectory.py results/redteam_frontier/<run>/<trial> [--from-update 120]
