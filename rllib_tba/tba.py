@@ -53,11 +53,17 @@ def _finite_number(x) -> bool:
     return not isinstance(x, bool) and isinstance(x, (int, float, np.number)) and math.isfinite(x)
 
 
-BETA_SCHEDULE_RULE = "[[learner_update, beta], ...] starting at update 0, with non-decreasing updates and finite beta > 0"
+def schedule_rule(value: str) -> str:
+    """What a schedule of ``value`` over learner updates (beta_schedule, reward_temperature_schedule) must be."""
+    return f"[[learner_update, {value}], ...] starting at update 0, with non-decreasing updates and finite {value} > 0"
 
 
-def valid_beta_schedule(schedule) -> bool:
-    """Whether ``schedule`` is a ``beta_schedule`` TBAConfig accepts (see BETA_SCHEDULE_RULE)."""
+BETA_SCHEDULE_RULE = schedule_rule("beta")
+TAU_SCHEDULE_RULE = schedule_rule("tau")
+
+
+def valid_schedule(schedule) -> bool:
+    """Whether ``schedule`` is a schedule TBAConfig accepts (see schedule_rule)."""
     ok = isinstance(schedule, (list, tuple)) and len(schedule) >= 1 and all(
         isinstance(p, (list, tuple)) and len(p) == 2 and all(_finite_number(x) for x in p)
         and p[0] >= 0 and p[1] > 0 for p in schedule) and schedule[0][0] == 0
@@ -91,6 +97,7 @@ class TBAConfig(AlgorithmConfig):
         self.sync_every = 10  # [k] learner updates between weight syncs. GSM8K 2, TL;DR 10, RT 10
         self.beta = 0.05  # [beta] KL coefficient. RT .05 fixed
         self.beta_schedule = None  # [[update, beta], ...] piecewise linear. GSM8K [[0,.012],[500,.004]]; TL;DR 1.0->.05
+        self.reward_temperature_schedule = None  # [[update, tau], ...]: log R = (r/beta + log pi_ref)/tau. None: tau 1
         self.num_samples_per_prompt = 8  # [K] samples per prompt in a training batch. GSM8K/TL;DR 20
         self.generations_per_prompt = 8  # [S >= K] responses generated per prompt by a searcher
         self.prompts_per_batch = 4  # [B] prompts per training batch. GSM8K 7, TL;DR 8
@@ -144,6 +151,7 @@ class TBAConfig(AlgorithmConfig):
         sync_every=NotProvided,
         beta=NotProvided,
         beta_schedule=NotProvided,
+        reward_temperature_schedule=NotProvided,
         num_samples_per_prompt=NotProvided,
         generations_per_prompt=NotProvided,
         prompts_per_batch=NotProvided,
@@ -188,6 +196,10 @@ class TBAConfig(AlgorithmConfig):
             beta_schedule: None (use `beta`) or [[learner_update, beta], ...] starting at update 0, linear between
                 points and constant after the last, on the algorithm's weight version (= learner updates made).
                 GSM8K [[0, 0.012], [500, 0.004]]. Default None.
+            reward_temperature_schedule: None (tau 1) or [[learner_update, tau], ...] like `beta_schedule`: the
+                learner trains towards [pi_ref · exp(r / beta)]^(1/tau), i.e. log R = (r/beta + log pi_ref)/tau —
+                Lee et al.'s red-team reward temperature (tau 2 -> 1 over the first 10–20% of training; tau > 1
+                flattens both the reward and the reference prior). Default None.
             num_samples_per_prompt: [K] Samples per prompt group in a training batch (>= 1); VarGrad's logZ_i is the
                 mean over these K. GSM8K/TL;DR 20. Default 8.
             generations_per_prompt: [S >= K] Responses a searcher generates for each prompt it draws. Default 8.
@@ -271,6 +283,8 @@ class TBAConfig(AlgorithmConfig):
             self.beta = beta
         if beta_schedule is not NotProvided:
             self.beta_schedule = beta_schedule
+        if reward_temperature_schedule is not NotProvided:
+            self.reward_temperature_schedule = reward_temperature_schedule
         if num_samples_per_prompt is not NotProvided:
             self.num_samples_per_prompt = num_samples_per_prompt
         if generations_per_prompt is not NotProvided:
@@ -385,8 +399,10 @@ class TBAConfig(AlgorithmConfig):
             err(f"min_buffer_size ({self.min_buffer_size}) must be <= buffer_capacity ({self.buffer_capacity})")
         if self.eviction not in EVICTION_POLICIES:
             err(f"eviction must be one of {EVICTION_POLICIES}, got {self.eviction!r}")
-        if self.beta_schedule is not None and not valid_beta_schedule(self.beta_schedule):
+        if self.beta_schedule is not None and not valid_schedule(self.beta_schedule):
             err(f"beta_schedule must be {BETA_SCHEDULE_RULE}, got {self.beta_schedule!r}")
+        if self.reward_temperature_schedule is not None and not valid_schedule(self.reward_temperature_schedule):
+            err(f"reward_temperature_schedule must be {TAU_SCHEDULE_RULE}, got {self.reward_temperature_schedule!r}")
         if self.grad_clip is not None and not (_finite_number(self.grad_clip) and self.grad_clip > 0):
             err(f"grad_clip must be None (no clipping) or a number > 0, got {self.grad_clip!r}")
         if self.max_new_tokens is not None and (isinstance(self.max_new_tokens, bool)

@@ -3,7 +3,8 @@
 The batch (built by :func:`build_train_batch` from buffer samples) holds whole sequences; the module returns the
 summed response log-probs ``logp`` (and ``log_z`` for the learned-logZ variant); ``ref_logp`` comes with the batch
 when the searchers computed it (``ref_logp_on="searchers"``), else from a frozen reference model on the learner at
-the same temperature; beta follows ``config.beta_schedule`` over learner updates.
+the same temperature; beta follows ``config.beta_schedule`` and the reward temperature tau
+``config.reward_temperature_schedule`` over learner updates.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class TBATorchLearner(TorchLearner):
         # beta follows config.beta_schedule over the algorithm's clock: its weight version (= learner updates made,
         # checkpointed with the algorithm), passed in with every update as timesteps[WEIGHTS_VERSION]
         self._beta = Scheduler(self.config.beta_schedule or self.config.beta, framework="torch")
+        self._tau = Scheduler(self.config.reward_temperature_schedule or 1.0, framework="torch")
         self._ref_lm = None
         if self.config.ref_logp_on == "learner":  # else the searchers send each sample's reference log-probs
             from transformers import AutoModelForCausalLM
@@ -78,12 +80,13 @@ class TBATorchLearner(TorchLearner):
     @override(TorchLearner)
     def before_gradient_based_update(self, *, timesteps) -> None:
         super().before_gradient_based_update(timesteps=timesteps)
-        self._beta.update(timesteps.get(WEIGHTS_VERSION, 0))
+        for schedule in (self._beta, self._tau):
+            schedule.update(timesteps.get(WEIGHTS_VERSION, 0))
 
     @override(TorchLearner)
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
         module = self.module[module_id].unwrapped()
-        beta = float(self._beta.get_current_value())
+        beta, tau = float(self._beta.get_current_value()), float(self._tau.get_current_value())
         if "ref_logp" in batch:  # computed by the searcher that generated each sample
             ref_logp = batch["ref_logp"].to(fwd_out["logp"].dtype)
         elif self._ref_lm is None:
@@ -96,14 +99,15 @@ class TBATorchLearner(TorchLearner):
                                              share_prompts=module.share_prompts)
         logp, reward = fwd_out["logp"], batch["reward"].to(fwd_out["logp"].dtype)
         log_z = fwd_out.get("log_z")
-        loss = tb_loss(logp, ref_logp, reward, batch["group"], beta, log_z)
+        loss = tb_loss(logp, ref_logp, reward, batch["group"], beta, log_z, tau)
         with torch.no_grad():
-            implied = reward / beta + ref_logp - logp  # VarGrad's per-sample logZ estimate
+            implied = (reward / beta + ref_logp) / tau - logp  # VarGrad's per-sample logZ estimate
             self.metrics.log_dict({
                 "tb_loss": loss.detach(),
                 "log_z": (log_z if log_z is not None else implied).mean(),
                 "log_z_vargrad": implied.mean(),
                 "beta": beta,
+                "reward_temperature": tau,
                 "reward_mean": reward.mean(),
                 "logp_mean": logp.detach().mean(),
                 "ref_logp_mean": ref_logp.mean(),

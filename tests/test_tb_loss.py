@@ -7,12 +7,12 @@ import torch
 from rllib_tba.tb_loss import tb_loss
 
 
-def numpy_vargrad(lp, lr, r, group, beta):
+def numpy_vargrad(lp, lr, r, group, beta, tau=1.0):
     loss = 0.0
     for i in range(len(lp)):
         same = [j for j in range(len(lp)) if group[j] == group[i]]
-        log_z = np.mean([r[j] / beta + lr[j] - lp[j] for j in same])
-        loss += (log_z + lp[i] - lr[i] - r[i] / beta) ** 2
+        log_z = np.mean([(r[j] / beta + lr[j]) / tau - lp[j] for j in same])
+        loss += (log_z + lp[i] - (lr[i] + r[i] / beta) / tau) ** 2
     return loss / len(lp)
 
 
@@ -28,6 +28,24 @@ def test_matches_numpy_on_random_mixed_prompt_batches(seed):
     perm = rng.permutation(n)  # any layout gives the same loss
     permuted = tb_loss(*(torch.tensor(x[perm]) for x in (lp, lr, r, group)), beta)
     assert permuted.item() == pytest.approx(got.item(), rel=1e-10)
+
+
+@pytest.mark.parametrize("tau", [0.5, 2.0])
+def test_reward_temperature_tempers_the_whole_log_reward(tau):
+    """Lee et al.'s reward temperature: log R = (r/beta + lr)/tau, so tau > 1 flattens the reward and the reference
+    prior alike; with tau 1 the loss is the untempered one, and tempering by tau equals training at beta·tau against
+    a reference whose log-probs are divided by tau."""
+    rng = np.random.default_rng(7)
+    n = 30
+    group = rng.choice([0, 1, 2], size=n)
+    lp, lr, r, beta = rng.normal(-30, 8, n), rng.normal(-30, 8, n), rng.normal(0, 1, n), 0.05
+    t = lambda x: torch.tensor(x)  # noqa: E731
+    got = tb_loss(t(lp), t(lr), t(r), t(group), beta, tau=tau).item()
+    assert got == pytest.approx(numpy_vargrad(lp, lr, r, group, beta, tau), rel=1e-10)
+    assert got == pytest.approx(tb_loss(t(lp), t(lr / tau), t(r), t(group), beta * tau).item(), rel=1e-10)
+    assert got != pytest.approx(tb_loss(t(lp), t(lr), t(r), t(group), beta).item(), rel=1e-3)
+    assert tb_loss(t(lp), t(lr), t(r), t(group), beta, tau=1.0).item() == \
+        pytest.approx(numpy_vargrad(lp, lr, r, group, beta), rel=1e-10)
 
 
 def test_gradient_equals_reinforce_with_per_prompt_mean_baseline():

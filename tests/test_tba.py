@@ -315,14 +315,17 @@ def test_reward_rises_on_the_tiny_model(ray_session):
 
 
 def test_beta_schedule_follows_the_weight_version(tiny_model):
-    """beta_schedule is read on the algorithm's clock: update number v (weights version before it) uses beta(v)."""
-    algo = tldr_config(async_mode=False, beta_schedule=[[0, 1.0], [4, 0.2]], min_buffer_size=16).env_runners(
+    """beta_schedule and reward_temperature_schedule are read on the algorithm's clock: update number v (weights
+    version before it) uses beta(v) and tau(v)."""
+    algo = tldr_config(async_mode=False, beta_schedule=[[0, 1.0], [4, 0.2]],
+                       reward_temperature_schedule=[[0, 2.0], [2, 1.0]], min_buffer_size=16).env_runners(
         num_env_runners=0).build_algo()
     try:
-        betas = [algo.train()["learners"]["default_policy"]["beta"] for _ in range(6)]
+        metrics = [algo.train()["learners"]["default_policy"] for _ in range(6)]
     finally:
         algo.stop()
-    np.testing.assert_allclose(betas, [1.0, 0.8, 0.6, 0.4, 0.2, 0.2], atol=1e-6)
+    np.testing.assert_allclose([m["beta"] for m in metrics], [1.0, 0.8, 0.6, 0.4, 0.2, 0.2], atol=1e-6)
+    np.testing.assert_allclose([m["reward_temperature"] for m in metrics], [2.0, 1.5, 1.0, 1.0, 1.0, 1.0], atol=1e-6)
 
 
 def test_auto_precision_uses_bf16_only_where_it_is_native(monkeypatch):

@@ -16,6 +16,7 @@ drawn from that file.
     python tuned_examples/redteam_frontier.py default --seeds 0 --near-duplicate-jaccard 0.5  # replay spread over modes
     python tuned_examples/redteam_frontier.py default --seeds 0 --updates 320 --beta-schedule 0:0.05 220:0.05 260:0.1
                                                                         # beta raised after the default's 220 updates
+    python tuned_examples/redteam_frontier.py default --seeds 0 --reward-temperature-schedule 0:2 100:1  # Lee's tau
     python tuned_examples/redteam_frontier.py default --seeds 3 --checkpoint-every 20  # + checkpoints along the way
     python tuned_examples/redteam_frontier.py plot                      # only redraw the pictures from the JSON
 
@@ -47,7 +48,7 @@ import ray
 from ray import tune
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
-from rllib_tba.tba import BETA_SCHEDULE_RULE, valid_beta_schedule
+from rllib_tba.tba import BETA_SCHEDULE_RULE, TAU_SCHEDULE_RULE, valid_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tuned_examples"))
@@ -69,20 +70,22 @@ LEARNER_OPTIONS = {
     "learn_log_z": bool,
     "near_duplicate_jaccard": bool,
     "beta_schedule": lambda value: value is not None,
+    "reward_temperature_schedule": lambda value: value is not None,
 }
 TINY_ENV = {"model": "tiny-test", "victim": "tiny-test", "victim_dtype": "float32", "victim_responses": 2,
             "victim_max_tokens": 4, "max_new_tokens": 6}
 
 
 def schedule_point(text: str) -> tuple[int, float]:
-    """One --beta-schedule point, UPDATE:BETA (the schedule as a whole is checked by TBAConfig's own rule)."""
-    update, sep, beta = text.partition(":")
+    """One --beta-schedule / --reward-temperature-schedule point, UPDATE:VALUE (the schedule as a whole is checked by
+    TBAConfig's own rule)."""
+    update, sep, value = text.partition(":")
     try:
         if sep:
-            return int(update), float(beta)
+            return int(update), float(value)
     except ValueError:
         pass
-    raise argparse.ArgumentTypeError(f"{text!r}: give UPDATE:BETA, e.g. 220:0.1")
+    raise argparse.ArgumentTypeError(f"{text!r}: give UPDATE:VALUE, e.g. 220:0.1")
 
 
 def tba_config(args, seed: int, sync: bool = False, beta=None):
@@ -535,6 +538,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--beta-schedule", type=schedule_point, nargs="+", default=None, metavar="UPDATE:BETA",
                     help="TBA runs: beta piecewise linear over learner updates, e.g. 0:0.05 220:0.05 260:0.1 "
                          "(beta_schedule; it must start at update 0): a variant, not the default")
+    ap.add_argument("--reward-temperature-schedule", type=schedule_point, nargs="+", default=None,
+                    metavar="UPDATE:TAU",
+                    help="TBA runs: Lee et al.'s reward temperature, log R = (r/beta + log pi_ref)/TAU, piecewise "
+                         "linear over learner updates, e.g. 0:2 100:1 (reward_temperature_schedule; it must start at "
+                         "update 0): a variant, not the default")
     ap.add_argument("--checkpoint-every", type=int, default=None, metavar="UPDATES",
                     help="default/tba_sync: also checkpoint every UPDATES learner updates (a multiple of the "
                          "example's updates per iteration), for benchmarks/redteam_trajectory.py to evaluate; the "
@@ -547,9 +555,10 @@ def main(argv=None) -> dict:
         ap.error(f"--replay-inv-temp {args.reward_inv_temp}: give an inverse temperature >= 0 (0 = uniform replay)")
     if args.near_duplicate_jaccard is not None and not 0 < args.near_duplicate_jaccard <= 1:
         ap.error(f"--near-duplicate-jaccard {args.near_duplicate_jaccard}: give a Jaccard threshold in (0, 1]")
-    if args.beta_schedule is not None and not valid_beta_schedule(args.beta_schedule):
-        ap.error(f"--beta-schedule {' '.join(f'{u}:{b:g}' for u, b in args.beta_schedule)}: give points "
-                 f"UPDATE:BETA forming {BETA_SCHEDULE_RULE}")
+    for flag, schedule, rule in (("--beta-schedule", args.beta_schedule, BETA_SCHEDULE_RULE),
+                                 ("--reward-temperature-schedule", args.reward_temperature_schedule, TAU_SCHEDULE_RULE)):
+        if schedule is not None and not valid_schedule(schedule):
+            ap.error(f"{flag} {' '.join(f'{u}:{v:g}' for u, v in schedule)}: give points forming {rule}")
     if args.checkpoint_every is not None:
         per_iteration = tba_config(args, 0).updates_per_iteration
         if args.checkpoint_every < 1 or args.checkpoint_every % per_iteration or set(args.what) - {"default", "tba_sync"}:
