@@ -4,6 +4,7 @@
     rllib evaluate CHECKPOINT [--num-samples 256] [--greedy]
     rllib serve CHECKPOINT [--host 127.0.0.1] [--port 8000]
     rllib export CHECKPOINT OUT_DIR
+    rllib smooth CHECKPOINT OUT_DIR --min-reward R [--epochs 10]   # MLE smoothing of a TBA run's best samples
 
 ``train file`` runs a Python file that defines a module-level ``config`` (an AlgorithmConfig) and optionally
 ``stop`` (Tune stop criteria). The file's ``stop`` holds unless ``--stop`` is given. Training runs under Ray Tune:
@@ -44,16 +45,25 @@ def _int_at_least(low: int, high: int | None = None):
     return parse
 
 
-def _finite_float(text: str) -> float:
+def _finite(low: float | None = None, strict: bool = False):
+    """An argparse type: a finite number, >= ``low`` (> ``low`` if ``strict``) when ``low`` is given."""
     import math
 
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or (low is not None and (value <= low if strict else value < low)):
+            bound = "" if low is None else f" {'>' if strict else '>='} {low:g}"
+            raise argparse.ArgumentTypeError(f"must be a finite number{bound}, got {text}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+_finite_float = _finite(0.0)
 
 
 def load_experiment_file(path: str):
@@ -215,6 +225,15 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_smooth(args) -> int:
+    from rllib_tba.mle_smoothing import smooth_checkpoint
+
+    record = smooth_checkpoint(args.checkpoint, args.out_dir, args.min_reward, epochs=args.epochs, lr=args.lr,
+                               batch_size=args.batch_size, seed=args.seed)
+    print(json.dumps({"checkpoint": str(Path(args.out_dir).resolve()), **record}, indent=2))
+    return 0
+
+
 def cmd_serve(args) -> int:
     from rllib_tba.serve import run_server
 
@@ -278,6 +297,19 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("checkpoint")
     ex.add_argument("out_dir")
     ex.set_defaults(func=cmd_export)
+
+    sm = sub.add_parser("smooth", help="MLE smoothing (Lee et al.): a copy of a TBA checkpoint whose policy is the "
+                        "reference fitted to the high-reward samples of the run's replay buffer")
+    sm.add_argument("checkpoint")
+    sm.add_argument("out_dir", help="a new (or empty) directory for the smoothed checkpoint")
+    sm.add_argument("--min-reward", type=_finite(), required=True,
+                    help="fit the stored samples with reward >= this (the task's reward, before beta; red-team "
+                         "default reward: log mean toxicity, so log 0.5 = -0.693 keeps the successful attacks)")
+    sm.add_argument("--epochs", type=_int_at_least(1), default=10, help="passes over those samples")
+    sm.add_argument("--lr", type=_finite(0.0, strict=True), default=1e-3, help="Adam learning rate")
+    sm.add_argument("--batch-size", type=_int_at_least(1), default=16)
+    sm.add_argument("--seed", type=int, default=0, help="shuffling seed")
+    sm.set_defaults(func=cmd_smooth)
     return ap
 
 

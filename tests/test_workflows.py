@@ -185,6 +185,47 @@ def test_cli_evaluate_and_export(trained, tmp_path):
     assert len(text[0].outputs[0].token_ids) > 0
 
 
+def test_cli_smooth_fits_the_run_s_best_samples_into_a_new_checkpoint(trained, tmp_path):
+    """`rllib smooth`: a copy of the checkpoint whose policy is the reference fitted to the buffer's samples with
+    reward >= the bound (each distinct one once); the source untouched, its evaluations not copied; the copy is a
+    checkpoint `rllib evaluate` takes; an existing output or a bound above every reward refused."""
+    import shutil
+
+    import torch
+
+    from rllib_tba.checkpoint_files import read_checkpoint_state
+    from rllib_tba.mle_smoothing import completion_nll
+    from rllib_tba.policy_export import MODULE_SUBDIR, load_policy_module
+
+    source = tmp_path / "source"
+    shutil.copytree(trained["checkpoint"], source)
+    (source / "eval_seed0.json").write_text("{}")  # an evaluation of the source's policy
+    module_file = source / MODULE_SUBDIR / "module_state.pkl"
+    before = module_file.read_bytes()
+    rows = read_checkpoint_state(source)["tba"]["buffer"]["samples"]
+    bound = float(np.median([row[3] for row in rows]))
+    fitted = {(tuple(int(t) for t in row[1]), tuple(int(t) for t in row[2])) for row in rows if row[3] >= bound}
+    out = tmp_path / "smoothed"
+    record = last_json(rllib("smooth", str(source), str(out), "--min-reward", repr(bound), "--epochs", "4",
+                             "--lr", "0.01").stdout)
+    assert record["checkpoint"] == str(out.resolve()) and record["samples"] == len(fitted) and record["stored"] == len(rows)
+    assert len(record["loss_per_epoch"]) == 4 and record["loss_per_epoch"][-1] < record["loss_per_epoch"][0]
+    assert json.loads((out / "mle_smoothing.json").read_text())["samples"] == len(fitted)
+    assert not (out / "eval_seed0.json").exists() and module_file.read_bytes() == before
+    smoothed, original = load_policy_module(out), load_policy_module(source)
+    with torch.no_grad():
+        nll = {name: float(completion_nll(m.lm, sorted(fitted), m.temperature))
+               for name, m in (("smoothed", smoothed), ("original", original))}
+    assert nll["smoothed"] < nll["original"] - 0.5, nll  # the fitted samples became likelier than under the TB policy
+    evaluated = last_json(rllib("evaluate", str(out), "--num-samples", "4").stdout)
+    assert evaluated["num_samples"] == 4 and evaluated["checkpoint"] == str(out)
+    again = cli("smooth", str(source), str(out), "--min-reward", repr(bound))
+    assert again.returncode == 2 and "exists and is not empty" in again.stderr, again.stderr[-2000:]
+    too_high = cli("smooth", str(source), str(tmp_path / "other"), "--min-reward", "100")
+    assert too_high.returncode == 2 and "has reward >= 100" in too_high.stderr and "lower --min-reward" in \
+        too_high.stderr and not (tmp_path / "other").exists(), too_high.stderr[-2000:]
+
+
 def cli(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "rllib_tba.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "RAY_DEDUP_LOGS": "0"})
@@ -198,7 +239,7 @@ def test_cli_rejects_bad_input(tmp_path):
     bad = cli("train", "file", str(path))
     assert bad.returncode != 0 and "must define a module-level `config`" in bad.stderr
     helped = cli("--help")
-    assert all(c in helped.stdout for c in ("train", "evaluate", "serve", "export"))
+    assert all(c in helped.stdout for c in ("train", "evaluate", "serve", "export", "smooth"))
     invalid = tmp_path / "invalid.py"
     invalid.write_text(EXPERIMENT.replace("beta=0.1", "beta=0.1, m=2.0"))
     not_a_checkpoint = tmp_path / "not_a_checkpoint"
@@ -212,6 +253,12 @@ def test_cli_rejects_bad_input(tmp_path):
         (["evaluate", "x", "--openings", "-1"], 2, "--openings: must be >= 0, got -1"),
         (["evaluate", "x", "--temperature", "nan"], 2, "--temperature: must be a finite number >= 0, got nan"),
         (["serve", "x", "--port", "70000"], 2, "--port: must be in [1, 65535], got 70000"),
+        (["smooth", "x", "y"], 2, "the following arguments are required: --min-reward"),
+        (["smooth", "x", "y", "--min-reward", "nan"], 2, "--min-reward: must be a finite number, got nan"),
+        (["smooth", "x", "y", "--min-reward", "-1", "--epochs", "0"], 2, "--epochs: must be >= 1, got 0"),
+        (["smooth", "x", "y", "--min-reward", "-1", "--lr", "0"], 2, "--lr: must be a finite number > 0, got 0"),
+        (["smooth", str(not_a_checkpoint), str(tmp_path / "y"), "--min-reward", "-1"], 2,
+         f"rllib smooth: error: {not_a_checkpoint} is not an RLlib algorithm checkpoint: algorithm_state.pkl is missing"),
         (["train", "file", str(invalid)], 1, "invalid.py: m must be <= 1, got 2.0"),
         (["train", "file", str(invalid).replace("invalid", "missing"), "--resume"], 1, "does not exist"),
         (["evaluate", str(not_a_checkpoint)], 2, "rllib evaluate: error: " + str(not_a_checkpoint) +
@@ -424,6 +471,20 @@ def test_redteam_frontier_quick_writes_the_json_and_both_pictures(tmp_path, tiny
     assert [r["knob"] for r in data["runs"] if r["method"] == "ppo"] == [{"clip_param": 0.2}]
     for png in ("redteam_frontier.png", "redteam_asr_over_time.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # `smooth`: the run's final checkpoint MLE-smoothed (every stored attack: the tiny victim is never toxic), evaluated
+    # and recorded as a TBA run of its own; the trial's checkpoints stay the run's own (the trajectory below)
+    proc = subprocess.run([str(ROOT / ".venv/bin/python"), "tuned_examples/redteam_frontier.py", "smooth", "--quick",
+                           "--smoothing-epochs", "2", "--smoothing-min-reward", "-100", "--num-eval", "16", "--out",
+                           str(out), "--storage", str(tmp_path / "results")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    smoothed, = [r for r in json.loads(out.read_text())["runs"] if "mle_smoothing_epochs" in r["knob"]]
+    assert smoothed["knob"] == {**tba["knob"], "mle_smoothing_epochs": 2, "mle_smoothing_min_reward": -100}
+    assert smoothed["method"] == "tba" and not smoothed["default_example"] and smoothed["train_seed"] == 0
+    assert smoothed["attacks_generated"] == tba["attacks_generated"] and smoothed["eval"]["n"] == 16
+    assert smoothed["wall_clock_s"] == round(tba["wall_clock_s"] + smoothed["smoothing"]["seconds"], 1)
+    assert smoothed["smoothing"]["samples"] >= 1 and len(smoothed["smoothing"]["loss_per_epoch"]) == 2
+    assert Path(ROOT / smoothed["smoothing"]["checkpoint"], "mle_smoothing.json").is_file()
     # the run's path: its checkpoints at updates 5 and 10 evaluated (update 10's evaluation is the frontier's, reused)
     # and compared with the PPO run
     trial = ROOT / tba["trial_dir"]

@@ -18,6 +18,7 @@ drawn from that file.
                                                                         # beta raised after the default's 220 updates
     python tuned_examples/redteam_frontier.py default --seeds 0 --reward-temperature-schedule 0:2 100:1  # Lee's tau
     python tuned_examples/redteam_frontier.py default --seeds 3 --checkpoint-every 20  # + checkpoints along the way
+    python tuned_examples/redteam_frontier.py smooth --seeds 4          # + the MLE-smoothed policy of that run
     python tuned_examples/redteam_frontier.py plot                      # only redraw the pictures from the JSON
 
 Each command runs its trials one after another (each takes the whole machine), evaluates each final checkpoint on
@@ -30,6 +31,12 @@ Raw Tune/TensorBoard logs go to --storage (default results/redteam_frontier), no
 ``--until-target``: instead of the default example's budget, stop at the iteration in which the searchers' ASR over
 their last 64 attacks first reached 25% (or at --max-updates learner updates): the time-to-target pair of asynchronous
 and synchronous TBA, both measured the same way (``goals()`` pairs runs with the same seed, knob and stop).
+``smooth``: Lee et al.'s second stage (``rllib smooth``, rllib_tba/mle_smoothing.py) on the run of the same seed and
+options already in the JSON (trained earlier, or by ``default`` in the same command): the reference attacker fitted to
+the successful attacks its replay buffer holds (reward >= log 0.5 or --smoothing-min-reward, each distinct one once,
+--smoothing-epochs passes),
+evaluated the same way, recorded as a TBA run whose knob adds ``mle_smoothing_epochs`` and whose wall-clock adds the
+smoothing's (its time to ASR 25% is the searchers', which never ran the smoothed policy).
 ``--quick``: the tiny test model as attacker and victim, a few updates; what the tests run.
 """
 
@@ -48,6 +55,7 @@ import ray
 from ray import tune
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
+from envs.metrics import SUCCESS_THRESHOLD
 from rllib_tba.tba import BETA_SCHEDULE_RULE, TAU_SCHEDULE_RULE, valid_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,6 +66,9 @@ import bench  # noqa: E402  (machine(), commit(), README blocks)
 OPENINGS = 5  # most common first words each evaluation keeps (how far an attacker collapsed onto one opening)
 TARGET = 0.25  # the ASR whose first-reached time every run reports (time_to_asr_0.25_s)
 METHODS = ("tba", "tba_sync", "ppo")
+SMOOTHED = "smoothed_e{epochs}_{checkpoint}"  # a smoothed checkpoint's folder in the trial (not checkpoint_*: the
+# trajectory takes every checkpoint_* folder for one of the run's own)
+SMOOTHING_MIN_REWARD = math.log(SUCCESS_THRESHOLD)  # log mean toxicity of a just-successful attack
 DEFAULT_OUT = ROOT / "benchmarks" / "redteam_frontier.json"
 # The learner options a command may change on the default example (argparse dest = TBAConfig field; a run with any
 # of them set is a variant), each with when its value enters the run's knob. The rules keep the knob of every run made
@@ -183,6 +194,8 @@ def plan(args) -> list[dict]:
     trials = []
     for s in args.seeds:
         for what in args.what:
+            if what == "smooth":  # not a training run: see smooth_runs
+                continue
             if what in ("default", "tba_sync"):
                 method, sync = ("tba", False) if what == "default" else ("tba_sync", True)
                 config = tba_config(args, s, sync=sync)
@@ -294,6 +307,52 @@ def evaluate(checkpoint: str, num_samples: int, seed: int = 0, extra=(), tag: st
                     "--show", "0", "--openings", str(OPENINGS), "--json", str(out), *extra], check=True,
                    stdout=subprocess.DEVNULL)
     return {**json.loads(out.read_text()), "seed": seed}
+
+
+def smooth_runs(args, out: Path) -> list[dict]:
+    """``smooth``: for each seed, the JSON's TBA run with this command's options (its trial on this machine), MLE-smoothed
+    and evaluated (a smoothed checkpoint made before, with the same passes, is reused); returns the new records."""
+    from rllib_tba.mle_smoothing import RECORD, smooth_checkpoint
+
+    runs = json.loads(out.read_text())["runs"] if out.is_file() else []
+    records = []
+    for seed in args.seeds:
+        knob, stop = tba_knob(tba_config(args, seed)), default_stop(args)
+        base = [r for r in runs if r["method"] == "tba" and r["knob"] == knob and r["train_seed"] == seed and
+                r["stop"] == stop and r["machine"] == bench.machine_line()]
+        if not base:
+            raise SystemExit(f"smooth: {out} holds no TBA run of seed {seed} with knob {knob} and stop {stop} on this "
+                             "machine: train it first (e.g. the same command with `default` before `smooth`)")
+        base = base[-1]
+        if knob["reward"] != "log_mean_toxicity" and args.smoothing_min_reward == SMOOTHING_MIN_REWARD:
+            raise SystemExit(f"smooth: the run's reward is {knob['reward']}; a successful attack is reward > log "
+                             f"{SUCCESS_THRESHOLD} only for log_mean_toxicity: give --smoothing-min-reward")
+        checkpoints = sorted((ROOT / base["trial_dir"]).glob("checkpoint_*"))
+        if not checkpoints:
+            raise SystemExit(f"smooth: no checkpoint in {ROOT / base['trial_dir']} (the run's results are not on this "
+                             "machine)")
+        smoothed = checkpoints[-1].parent / SMOOTHED.format(epochs=args.smoothing_epochs,
+                                                            checkpoint=checkpoints[-1].name)
+        made = smoothed / RECORD
+        smoothing = json.loads(made.read_text()) if made.is_file() else smooth_checkpoint(
+            checkpoints[-1], smoothed, args.smoothing_min_reward, epochs=args.smoothing_epochs, seed=seed)
+        if smoothing["min_reward"] != args.smoothing_min_reward:
+            raise SystemExit(f"smooth: {smoothed} was fitted to reward >= {smoothing['min_reward']:g}, not "
+                             f"{args.smoothing_min_reward:g}: remove it to make it again")
+        evaluation = evaluate(str(smoothed), args.num_eval)
+        smoothing_knob = {"mle_smoothing_epochs": args.smoothing_epochs}
+        if args.smoothing_min_reward != SMOOTHING_MIN_REWARD:
+            smoothing_knob["mle_smoothing_min_reward"] = args.smoothing_min_reward
+        records.append({
+            **{k: v for k, v in base.items() if k not in ("eval", "asr_curve", "superseded_default")},
+            "knob": {**knob, **smoothing_knob}, "default_example": False,
+            "wall_clock_s": round(base["wall_clock_s"] + smoothing["seconds"], 1),
+            "eval": eval_record(evaluation), "asr_curve": base["asr_curve"],
+            "smoothing": {"commit": bench.commit(), "checkpoint": str(smoothed).replace(str(ROOT) + os.sep, ""),
+                          **{k: smoothing[k] for k in ("min_reward", "samples", "stored", "epochs", "seconds",
+                                                       "loss_per_epoch")}},
+        })
+    return records
 
 
 def same_run(a: dict, b: dict) -> bool:
@@ -502,7 +561,7 @@ def start_ray(args) -> None:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", nargs="+", choices=("default", "tba", "tba_sync", "ppo", "plot"),
+    ap.add_argument("what", nargs="+", choices=("default", "tba", "tba_sync", "ppo", "smooth", "plot"),
                     help="what to run (several: seed by seed, in the order given)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds")
     ap.add_argument("--beta", type=float, nargs="+", default=[0.02, 0.05, 0.1], help="tba: the betas to sweep")
@@ -547,7 +606,16 @@ def main(argv=None) -> dict:
                     help="default/tba_sync: also checkpoint every UPDATES learner updates (a multiple of the "
                          "example's updates per iteration), for benchmarks/redteam_trajectory.py to evaluate; the "
                          "settings stay the default example's, the record notes checkpoint_every_updates")
+    ap.add_argument("--smoothing-epochs", type=int, default=10, metavar="EPOCHS",
+                    help="smooth: passes over the run's successful attacks (rllib smooth --epochs)")
+    ap.add_argument("--smoothing-min-reward", type=float, default=SMOOTHING_MIN_REWARD, metavar="REWARD",
+                    help="smooth: fit the stored attacks with reward >= this (default: log 0.5, the successful ones)")
     args, out = parse_run_args(ap, argv, DEFAULT_OUT, "redteam_frontier")
+    if args.smoothing_epochs < 1 or not math.isfinite(args.smoothing_min_reward) or \
+            ("smooth" in args.what and set(args.what) - {"default", "smooth"}):
+        ap.error(f"smooth --smoothing-epochs {args.smoothing_epochs} --smoothing-min-reward "
+                 f"{args.smoothing_min_reward}: give passes >= 1 and a finite reward; smooth goes with default runs "
+                 "only")
     if args.updates is not None and (args.updates < 1 or args.until_target):
         ap.error(f"--updates {args.updates}: give a number of learner updates >= 1, and not with --until-target "
                  "(that stops at the target or --max-updates)")
@@ -575,6 +643,11 @@ def main(argv=None) -> dict:
             merge(out, [record], args)
             print(json.dumps({k: record[k] for k in ("method", "knob", "train_seed", "attacks_generated",
                                                      "wall_clock_s", "time_to_asr_0.25_s", "eval")}))
+        if "smooth" in args.what:
+            for record in smooth_runs(args, out):
+                merge(out, [record], args)
+                print(json.dumps({k: record[k] for k in ("method", "knob", "train_seed", "wall_clock_s", "smoothing",
+                                                         "eval")}))
     data = merge(out, [], args)
     paths = plot(data, out.parent)
     if out == DEFAULT_OUT:

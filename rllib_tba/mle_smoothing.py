@@ -1,0 +1,135 @@
+"""MLE smoothing (Lee et al. 2024, "Learning diverse attacks on large language models for robust red-teaming", stage 2):
+a policy fitted by maximum likelihood to the high-reward samples a TBA run's replay buffer collected.
+
+A trajectory-balance run stores every sample its searchers generated; the ones with high reward span everything the
+search found over the whole run, while the final policy may have concentrated on the last mode it found. Smoothing
+restarts from the reference policy and fits it to those samples, each distinct one once:
+
+    D      = { (x, y) in the buffer : r(x, y) >= min_reward }           (exact repeats of (x, y) counted once)
+    theta* = argmin_theta  - sum_{(x, y) in D} sum_t log pi_theta(y_t | x, y_<t)        (``epochs`` passes of Adam)
+
+with pi_theta's logits divided by the module's sampling temperature, as the searchers sample. The result is a copy of
+the checkpoint whose policy is the smoothed one, so ``rllib evaluate / serve / export`` take it like any checkpoint.
+
+    rllib smooth CHECKPOINT OUT_DIR --min-reward R [--epochs 10] [--lr 1e-3] [--batch-size 16] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from rllib_tba.checkpoint_files import CheckpointError, read_checkpoint_state
+from rllib_tba.policy_export import MODULE_SUBDIR, load_policy_module
+
+RECORD = "mle_smoothing.json"  # what a smoothed checkpoint says about how it was made
+
+
+def high_reward_samples(buffer_state: dict, min_reward: float) -> list[tuple[tuple, tuple]]:
+    """(prompt ids, completion ids) of every stored sample with reward >= ``min_reward``, in arrival order; a sample
+    whose prompt and completion repeat an earlier one's is taken once (the fit weighs what was found, not how often
+    the searchers drew it)."""
+    seen, out = set(), []
+    for row in buffer_state["samples"]:  # TBAReplayBuffer.get_state() rows: (prompt_key, prompt_ids, completion, reward, ...)
+        if row[3] >= min_reward:
+            sample = (tuple(int(t) for t in row[1]), tuple(int(t) for t in row[2]))
+            if sample not in seen:
+                seen.add(sample)
+                out.append(sample)
+    return out
+
+
+def reset_to_reference(module) -> None:
+    """Make ``module``'s LM the reference policy again: LoRA adapters re-initialised (B = 0, so they add nothing), or
+    for a full fine-tune the reference weights reloaded."""
+    if getattr(module, "lora", None):
+        for layer in module.lm.modules():
+            if hasattr(layer, "reset_lora_parameters") and hasattr(layer, "lora_A"):
+                for adapter in list(layer.lora_A.keys()):
+                    layer.reset_lora_parameters(adapter, True)
+    else:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        module.lm.load_state_dict(AutoModelForCausalLM.from_pretrained(module.model_path, dtype=torch.float32).state_dict())
+
+
+def completion_nll(lm, samples: list[tuple[tuple, tuple]], temperature: float):
+    """Mean negative log-likelihood per completion token of ``samples`` under ``lm`` (logits / temperature)."""
+    import torch
+
+    seqs = [list(x) + list(y) for x, y in samples]
+    width = max(map(len, seqs))
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.bool)  # completion positions (the tokens the loss predicts)
+    for i, ((x, y), seq) in enumerate(zip(samples, seqs)):
+        ids[i, :len(seq)] = torch.tensor(seq)
+        mask[i, len(x):len(seq)] = True
+    attention = torch.zeros_like(ids)
+    for i, seq in enumerate(seqs):
+        attention[i, :len(seq)] = 1  # right padding: earlier positions never attend to it
+    logits = lm(input_ids=ids, attention_mask=attention).logits[:, :-1].float() / temperature
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return -(logp * mask[:, 1:]).sum() / mask[:, 1:].sum()
+
+
+def fit(module, samples: list[tuple[tuple, tuple]], epochs: int, lr: float, batch_size: int, seed: int) -> list[float]:
+    """``epochs`` passes of Adam over ``samples`` (shuffled by ``seed``, gradients clipped at 1.0) on the module's
+    trainable parameters, from the reference policy; returns each pass's mean loss."""
+    import torch
+
+    torch.manual_seed(seed)
+    reset_to_reference(module)
+    params = [p for p in module.lm.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(params, lr=lr)
+    rng = np.random.default_rng(seed)
+    temperature = float(getattr(module, "temperature", 1.0))
+    module.lm.train()
+    losses = []
+    for _ in range(epochs):
+        order, total = rng.permutation(len(samples)), []
+        for start in range(0, len(order), batch_size):
+            loss = completion_nll(module.lm, [samples[i] for i in order[start:start + batch_size]], temperature)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            total.append(loss.item())
+        losses.append(float(np.mean(total)))
+    module.lm.eval()
+    return losses
+
+
+def smooth_checkpoint(checkpoint: str | Path, out_dir: str | Path, min_reward: float, epochs: int = 10,
+                      lr: float = 1e-3, batch_size: int = 16, seed: int = 0) -> dict:
+    """Write ``out_dir``: a copy of TBA checkpoint ``checkpoint`` whose policy is fitted to its buffer's samples with
+    reward >= ``min_reward`` (see the module doc). Returns what it also writes to ``out_dir/mle_smoothing.json``."""
+    checkpoint, out = Path(checkpoint), Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty: give a new directory (a smoothed checkpoint never "
+                              "overwrites anything)")
+    state = read_checkpoint_state(checkpoint)
+    if "buffer" not in state.get("tba", {}):
+        raise CheckpointError(f"{checkpoint} holds no TBA replay buffer (smoothing needs the samples a TBA run stored)")
+    buffer = state["tba"]["buffer"]
+    samples = high_reward_samples(buffer, min_reward)
+    if not samples:
+        rewards = [row[3] for row in buffer["samples"]]
+        best = f"its best is {max(rewards):.4g}" if rewards else "it is empty"
+        raise ValueError(f"no sample in {checkpoint}'s buffer has reward >= {min_reward:g} ({len(rewards)} stored, "
+                         f"{best}): lower --min-reward")
+    started = time.time()
+    module = load_policy_module(checkpoint)
+    losses = fit(module, samples, epochs, lr, batch_size, seed)
+    # evaluations made of the source checkpoint (eval_*.json) describe its policy, not this one: not copied
+    shutil.copytree(checkpoint, out, ignore=shutil.ignore_patterns("eval_*.json"), dirs_exist_ok=True)
+    module.save_to_path(str((out / MODULE_SUBDIR).resolve()))
+    record = {"source_checkpoint": str(checkpoint.resolve()), "min_reward": min_reward, "samples": len(samples),
+              "stored": len(buffer["samples"]), "epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed,
+              "loss_per_epoch": [round(x, 4) for x in losses], "seconds": round(time.time() - started, 1)}
+    (out / RECORD).write_text(json.dumps(record, indent=2))
+    return record
