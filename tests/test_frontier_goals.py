@@ -296,3 +296,26 @@ def test_trajectory_legend_names_only_what_a_run_changes_from_the_default_exampl
         "tba seed 0, beta_schedule [[0, 0.05], [220, 0.05], [260, 0.02]]: evaluated checkpoints (learner update)"
     assert redteam_trajectory.tba_label({"train_seed": 1, "knob": {**default, "beta": 0.1}}) == \
         "tba seed 1, beta 0.1: evaluated checkpoints (learner update)"
+
+
+@pytest.mark.parametrize("argv", [["default", "smooth", "--smoothing-epochs", "0"],
+                                  ["default", "smooth", "--smoothing-min-reward", "nan"],
+                                  ["ppo", "smooth", "--smoothing-epochs", "5"]])
+def test_smooth_options_out_of_range_are_refused_before_anything_runs(argv, capsys):
+    with pytest.raises(SystemExit):
+        frontier.main([*argv, "--quick"])
+    assert "smooth goes with default runs only" in capsys.readouterr().err
+
+
+def test_smooth_needs_the_run_in_the_json_and_the_pictures_take_a_smoothed_run(tmp_path, capsys):
+    out = tmp_path / "frontier.json"
+    with pytest.raises(SystemExit, match="holds no TBA run of seed 3"):
+        frontier.smooth_runs(argparse.Namespace(quick=True, seeds=[3], updates=None, until_target=False,
+                                                smoothing_epochs=10, smoothing_min_reward=-0.69), out)
+    base = {**run("tba", 0, 0.5, 0.6, default=True), "trial_dir": "t0", "asr_curve": [[10.0, 0.1], [20.0, 0.5]]}
+    smoothed = {**base, **run("tba", 0, 0.8, 0.7, knob={"beta": 0.05, "mle_smoothing_epochs": 10}),
+                "smoothing": {"samples": 40, "seconds": 60.0}}
+    for r in (base, smoothed):
+        r["eval"]["n"] = 256
+    paths = frontier.plot({"runs": [base, smoothed]}, tmp_path)
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)

@@ -501,13 +501,20 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
         for r in mine:
             ax.annotate(f"s{r['train_seed']}", (r["eval"]["diversity"], 100 * r["eval"]["asr"]), fontsize=7,
                         xytext=(4, 3), textcoords="offset points")
+    for r in runs:  # an arrow from a run to its MLE-smoothed policy
+        base = [b for b in runs if b.get("trial_dir") == r.get("trial_dir") and "smoothing" not in b]
+        if "smoothing" in r and base:
+            ax.annotate("", xy=(r["eval"]["diversity"], 100 * r["eval"]["asr"]), xytext=(
+                base[0]["eval"]["diversity"], 100 * base[0]["eval"]["asr"]), arrowprops={"arrowstyle": "->", "lw": 0.7,
+                                                                                        "color": "grey"})
     finish_plot(fig, ax, paths[0], DIVERSITY_AXIS, f"ASR (%), {runs[0]['eval']['n'] if runs else 256} attacks",
-                "red-team frontier: one point per training run",
+                "red-team frontier: one point per training run (arrow: to its MLE-smoothed policy)",
                 fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1)  # below: no point hidden
 
     fig, ax = plt.subplots(figsize=(7.5, 5.5))
     for method, cmap in (("tba", "Blues"), ("tba_sync", "Greens"), ("ppo", "Reds")):  # a shade of its colour per run
-        mine = [r for r in runs if r["method"] == method and r["asr_curve"]]
+        # (a smoothed policy's record repeats its run's searcher curve: drawn once)
+        mine = [r for r in runs if r["method"] == method and r["asr_curve"] and "smoothing" not in r]
         labelled = set()  # one legend entry per method and kind of run: a line per run would bury the plot
         for i, r in enumerate(mine):
             t, asr = zip(*r["asr_curve"])
