@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from rllib_tba.checkpoint_files import CheckpointError, read_checkpoint_state
 from rllib_tba.policy_export import MODULE_SUBDIR, load_policy_module
@@ -90,16 +91,20 @@ def fit(module, samples: list[tuple[tuple, tuple]], epochs: int, lr: float, batc
     temperature = float(getattr(module, "temperature", 1.0))
     module.lm.train()
     losses = []
-    for _ in range(epochs):
-        order, total = rng.permutation(len(samples)), []
-        for start in range(0, len(order), batch_size):
-            loss = completion_nll(module.lm, [samples[i] for i in order[start:start + batch_size]], temperature)
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            total.append(loss.item())
-        losses.append(float(np.mean(total)))
+    steps = -(-len(samples) // batch_size)
+    with tqdm(total=epochs * steps, desc=f"MLE smoothing on {len(samples)} samples", unit="batch") as bar:
+        for _ in range(epochs):
+            order, total = rng.permutation(len(samples)), []
+            for start in range(0, len(order), batch_size):
+                loss = completion_nll(module.lm, [samples[i] for i in order[start:start + batch_size]], temperature)
+                optimizer.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                optimizer.step()
+                total.append(loss.item())
+                bar.update()
+            losses.append(float(np.mean(total)))
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
     module.lm.eval()
     return losses
 
@@ -125,11 +130,18 @@ def smooth_checkpoint(checkpoint: str | Path, out_dir: str | Path, min_reward: f
     started = time.time()
     module = load_policy_module(checkpoint)
     losses = fit(module, samples, epochs, lr, batch_size, seed)
-    # evaluations made of the source checkpoint (eval_*.json) describe its policy, not this one: not copied
-    shutil.copytree(checkpoint, out, ignore=shutil.ignore_patterns("eval_*.json"), dirs_exist_ok=True)
-    module.save_to_path(str((out / MODULE_SUBDIR).resolve()))
+    # written next to out and renamed when complete: an interrupted smoothing leaves no half checkpoint at out (and
+    # its leftover is replaced by the next attempt). Evaluations made of the source (eval_*.json) describe its
+    # policy, not this one: not copied.
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(checkpoint, partial, ignore=shutil.ignore_patterns("eval_*.json"))
+    module.save_to_path(str((partial / MODULE_SUBDIR).resolve()))
     record = {"source_checkpoint": str(checkpoint.resolve()), "min_reward": min_reward, "samples": len(samples),
               "stored": len(buffer["samples"]), "epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed,
               "loss_per_epoch": [round(x, 4) for x in losses], "seconds": round(time.time() - started, 1)}
-    (out / RECORD).write_text(json.dumps(record, indent=2))
+    (partial / RECORD).write_text(json.dumps(record, indent=2))
+    if out.exists():
+        out.rmdir()  # the empty directory the caller may have made
+    partial.rename(out)
     return record

@@ -206,12 +206,15 @@ def test_cli_smooth_fits_the_run_s_best_samples_into_a_new_checkpoint(trained, t
     bound = float(np.median([row[3] for row in rows]))
     fitted = {(tuple(int(t) for t in row[1]), tuple(int(t) for t in row[2])) for row in rows if row[3] >= bound}
     out = tmp_path / "smoothed"
-    record = last_json(rllib("smooth", str(source), str(out), "--min-reward", repr(bound), "--epochs", "4",
-                             "--lr", "0.01").stdout)
+    (tmp_path / "smoothed.partial").mkdir()  # the leftover of an interrupted smoothing: replaced, never taken as done
+    (tmp_path / "smoothed.partial" / "junk").write_text("x")
+    proc = rllib("smooth", str(source), str(out), "--min-reward", repr(bound), "--epochs", "4", "--lr", "0.01")
+    record = last_json(proc.stdout)
     assert record["checkpoint"] == str(out.resolve()) and record["samples"] == len(fitted) and record["stored"] == len(rows)
     assert len(record["loss_per_epoch"]) == 4 and record["loss_per_epoch"][-1] < record["loss_per_epoch"][0]
     assert json.loads((out / "mle_smoothing.json").read_text())["samples"] == len(fitted)
-    assert not (out / "eval_seed0.json").exists() and module_file.read_bytes() == before
+    assert not (out / "eval_seed0.json").exists() and not (out / "junk").exists() and module_file.read_bytes() == before
+    assert not (tmp_path / "smoothed.partial").exists() and "MLE smoothing on" in proc.stderr  # tqdm's progress
     smoothed, original = load_policy_module(out), load_policy_module(source)
     with torch.no_grad():
         nll = {name: float(completion_nll(m.lm, sorted(fitted), m.temperature))
