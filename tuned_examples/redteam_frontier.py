@@ -488,10 +488,11 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
 
     runs = data["runs"]
     paths = [out_dir / "redteam_frontier.png", out_dir / "redteam_asr_over_time.png"]
-    fig, ax = plt.subplots(figsize=(7.5, 6.5))
     groups: dict[tuple, list[dict]] = {}  # one legend entry (marker) per method and knob; colour = method
     for r in sorted(runs, key=lambda r: (METHODS.index(r["method"]), not r["default_example"])):
         groups.setdefault((r["method"], json.dumps(r["knob"]), r["default_example"]), []).append(r)
+    # the legend sits below the axes, one line per entry: the figure grows with it so the axes keep their height
+    fig, ax = plt.subplots(figsize=(7.5, 5.0 + 0.2 * len(groups)))
     for (method, knob, default), mine in groups.items():
         marker = "o^sDvP*X"[list(groups).index((method, knob, default)) % 8]
         label = f"{method}: {run_label(mine[0])}"
