@@ -60,22 +60,19 @@ def reset_to_reference(module) -> None:
 
 
 def completion_nll(lm, samples: list[tuple[tuple, tuple]], temperature: float):
-    """Mean negative log-likelihood per completion token of ``samples`` under ``lm`` (logits / temperature)."""
+    """Mean negative log-likelihood per completion token of ``samples`` under ``lm`` (logits / temperature), through
+    the learner's own batch layout and log-prob pass (``build_train_batch``, ``response_logprobs``)."""
     import torch
 
-    seqs = [list(x) + list(y) for x, y in samples]
-    width = max(map(len, seqs))
-    ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    mask = torch.zeros(len(seqs), width, dtype=torch.bool)  # completion positions (the tokens the loss predicts)
-    for i, ((x, y), seq) in enumerate(zip(samples, seqs)):
-        ids[i, :len(seq)] = torch.tensor(seq)
-        mask[i, len(x):len(seq)] = True
-    attention = torch.zeros_like(ids)
-    for i, seq in enumerate(seqs):
-        attention[i, :len(seq)] = 1  # right padding: earlier positions never attend to it
-    logits = lm(input_ids=ids, attention_mask=attention).logits[:, :-1].float() / temperature
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    return -(logp * mask[:, 1:]).sum() / mask[:, 1:].sum()
+    from rllib_tba.tba_learner import build_train_batch
+    from rllib_tba.tba_replay_buffer import TBSample
+    from rllib_tba.tba_rl_module import response_logprobs
+
+    batch = build_train_batch([TBSample(0, x, np.asarray(y), 0.0, 0) for x, y in samples], np.zeros(len(samples)))
+    response = torch.as_tensor(batch["response_mask"])
+    logp = response_logprobs(lm, torch.as_tensor(batch["input_ids"]), torch.as_tensor(batch["attention_mask"]),
+                             response, temperature)
+    return -logp.sum() / response.sum()
 
 
 def fit(module, samples: list[tuple[tuple, tuple]], epochs: int, lr: float, batch_size: int, seed: int) -> list[float]:
