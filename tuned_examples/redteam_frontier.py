@@ -34,9 +34,8 @@ and synchronous TBA, both measured the same way (``goals()`` pairs runs with the
 ``smooth``: Lee et al.'s second stage (``rllib smooth``, rllib_tba/mle_smoothing.py) on the run of the same seed and
 options already in the JSON (trained earlier, or by ``default`` in the same command): the reference attacker fitted to
 the successful attacks its replay buffer holds (reward >= log 0.5 or --smoothing-min-reward, each distinct one once,
---smoothing-epochs passes),
-evaluated the same way, recorded as a TBA run whose knob adds ``mle_smoothing_epochs`` and whose wall-clock adds the
-smoothing's (its time to ASR 25% is the searchers', which never ran the smoothed policy).
+--smoothing-epochs passes), evaluated the same way, recorded as a TBA run whose knob adds ``mle_smoothing_epochs`` and
+whose wall-clock adds the smoothing's (its time to ASR 25% is the searchers', which never ran the smoothed policy).
 ``--quick``: the tiny test model as attacker and victim, a few updates; what the tests run.
 """
 
