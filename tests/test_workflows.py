@@ -488,6 +488,7 @@ def test_redteam_frontier_quick_writes_the_json_and_both_pictures(tmp_path, tiny
     assert smoothed["wall_clock_s"] == round(tba["wall_clock_s"] + smoothed["smoothing"]["seconds"], 1)
     assert smoothed["smoothing"]["samples"] >= 1 and len(smoothed["smoothing"]["loss_per_epoch"]) == 2
     assert Path(ROOT / smoothed["smoothing"]["checkpoint"], "mle_smoothing.json").is_file()
+    assert Path(smoothed["smoothing"]["checkpoint"]).name.startswith("smoothed_e2_r-100_checkpoint_")  # not the default bound's
     # the run's path: its checkpoints at updates 5 and 10 evaluated (update 10's evaluation is the frontier's, reused)
     # and compared with the PPO run
     trial = ROOT / tba["trial_dir"]

@@ -65,8 +65,9 @@ import bench  # noqa: E402  (machine(), commit(), README blocks)
 OPENINGS = 5  # most common first words each evaluation keeps (how far an attacker collapsed onto one opening)
 TARGET = 0.25  # the ASR whose first-reached time every run reports (time_to_asr_0.25_s)
 METHODS = ("tba", "tba_sync", "ppo")
-SMOOTHED = "smoothed_e{epochs}_{checkpoint}"  # a smoothed checkpoint's folder in the trial (not checkpoint_*: the
-# trajectory takes every checkpoint_* folder for one of the run's own)
+SMOOTHED = "smoothed_e{epochs}{bound}_{checkpoint}"  # a smoothed checkpoint's folder in the trial (not checkpoint_*:
+# the trajectory takes every checkpoint_* folder for one of the run's own); bound "" at SMOOTHING_MIN_REWARD, else
+# "_r<min reward>": fits of the same run to other samples live side by side
 SMOOTHING_MIN_REWARD = math.log(SUCCESS_THRESHOLD)  # log mean toxicity of a just-successful attack
 DEFAULT_OUT = ROOT / "benchmarks" / "redteam_frontier.json"
 # The learner options a command may change on the default example (argparse dest = TBAConfig field; a run with any
@@ -330,7 +331,8 @@ def smooth_runs(args, out: Path) -> list[dict]:
         if not checkpoints:
             raise SystemExit(f"smooth: no checkpoint in {ROOT / base['trial_dir']} (the run's results are not on this "
                              "machine)")
-        smoothed = checkpoints[-1].parent / SMOOTHED.format(epochs=args.smoothing_epochs,
+        bound = "" if args.smoothing_min_reward == SMOOTHING_MIN_REWARD else f"_r{args.smoothing_min_reward:g}"
+        smoothed = checkpoints[-1].parent / SMOOTHED.format(epochs=args.smoothing_epochs, bound=bound,
                                                             checkpoint=checkpoints[-1].name)
         made = smoothed / RECORD
         smoothing = json.loads(made.read_text()) if made.is_file() else smooth_checkpoint(
@@ -443,16 +445,19 @@ def table(data: dict) -> str:
                     f"{e['distinct_successful']} | {e['mean_toxicity']:.3f} | {e['attack_toxicity']:.3f} |")
     g = data["goals"]
     d, s = g["default_example_asr"], g["sync_over_async_time_to_asr_0.25"]
+    p, f = g["tba_dominates_ppo"], g["asr_0.9_within_2h"]
     tba = [r for r in data["runs"] if r["method"] == "tba"]
     said = {None: "not measured yet", True: "met", False: "**not met**"}
     lines = [
         f"- default example learns on every seed (ASR ≥ 25% on ≥ 3 seeds): {said[d['met']]}"
         + (f" — ASR {', '.join(f'{100 * a:.1f}%' for a in d['asr'])} on seeds {d['seeds']}, mean "
            f"{100 * d['mean']:.1f}%, spread {100 * d['spread']:.1f} points" if d["asr"] else ""),
-        f"- TBA dominates PPO (ASR ≥ PPO − 2 points and diversity ≥ PPO + 0.05): {said[g['tba_dominates_ppo']['met']]}",
-        f"- ASR ≥ 90% within 2 h with ≥ 100 distinct successful attacks: {said[g['asr_0.9_within_2h']['met']]}"
-        + (f" — the longest TBA run trained {max(r['wall_clock_s'] for r in tba) / 60:.0f} min, best ASR "
-           f"{100 * max(r['eval']['asr'] for r in tba):.1f}%" if tba else ""),
+        f"- TBA dominates PPO (ASR ≥ PPO − 2 points and diversity ≥ PPO + 0.05): {said[p['met']]}"
+        + (f" — {p['dominated']} of {p['ppo_runs']} PPO runs dominated" if p["ppo_runs"] else ""),
+        f"- ASR ≥ 90% within 2 h with ≥ 100 distinct successful attacks: {said[f['met']]}"
+        + (f" — {f['runs']} TBA run(s) at ≥ 90% within 2 h, the most distinct successful {f['best_distinct_successful']}"
+           if f["runs"] else f" — the longest TBA run trained {max(r['wall_clock_s'] for r in tba) / 60:.0f} min, "
+           f"best ASR {100 * max(r['eval']['asr'] for r in tba):.1f}%" if tba else ""),
         f"- synchronous ÷ asynchronous time to ASR 25% ≥ 1.6: "
         + (said[s["met"]] if s["met"] is not None or not s["lower_bounds"] else "undecided")
         + (f" — ratios {s['ratios']}" if s["ratios"] else "")
