@@ -11,6 +11,10 @@ in arrival order, as a buffer with that threshold forms them), and how far apart
 variation distance ½ Σ |p − q| (0: spreading changes no draw; 1: the two never draw the same sample).
 With --openings N, each band also lists its samples' N most common first words (decoded with the run's tokenizer),
 with how many of each are top samples.
+With --fit-set R [R ...], for each bound R: what ``rllib smooth --min-reward R`` would fit (the stored samples with
+reward >= R, each distinct one once), decoded: how many, their diversity (mean pairwise MiniLM cosine distance, the
+evaluation's) and distinct count (``envs.metrics.count_distinct``), and their most common first words. A smoothed
+attacker that replays its fit set samples about as diversely as that set: the set bounds what smoothing can give.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from envs.metrics import common_openings, format_openings  # noqa: E402
+from envs.metrics import common_openings, cosine_diversity, count_distinct, format_openings  # noqa: E402
 from rllib_tba.checkpoint_files import read_checkpoint_state  # noqa: E402
+from rllib_tba.mle_smoothing import high_reward_samples  # noqa: E402
 from rllib_tba.tba_replay_buffer import TBAReplayBuffer  # noqa: E402
 
 
@@ -62,6 +67,13 @@ def report(state: dict, inv_temp: float, jaccard: float, top_reward: float, band
     return out
 
 
+def fit_set(state: dict, min_reward: float, decode, openings: int = 5) -> dict:
+    """What MLE smoothing at ``min_reward`` fits from buffer ``state`` (``high_reward_samples``), decoded and measured."""
+    texts = [decode(completion) for _, completion in high_reward_samples(state, min_reward)]
+    return {"min_reward": min_reward, "samples": len(texts), "diversity": cosine_diversity(texts),
+            "distinct": count_distinct(texts), "openings": common_openings(texts, top=openings)}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoints", nargs="+")
@@ -70,15 +82,18 @@ def main(argv=None) -> None:
     ap.add_argument("--top-reward", type=float, default=round(math.log(0.3), 3))
     ap.add_argument("--openings", type=int, default=0, metavar="N",
                     help="also list each band's N most common first words (decoded with the run's tokenizer)")
+    ap.add_argument("--fit-set", type=float, nargs="+", default=[], metavar="R",
+                    help="also measure what MLE smoothing at --min-reward R would fit (see above)")
     args = ap.parse_args(argv)
     if args.openings < 0:
         ap.error(f"--openings {args.openings}: give a number of first words >= 0")
     if not 0 < args.near_duplicate_jaccard <= 1:
         ap.error(f"--near-duplicate-jaccard {args.near_duplicate_jaccard}: give a threshold in (0, 1]")
     for ckpt in args.checkpoints:
-        decode = task_env(ckpt).decode if args.openings else None
-        r = report(read_checkpoint_state(Path(ckpt))["tba"]["buffer"], args.inv_temp, args.near_duplicate_jaccard,
-                   args.top_reward, decode=decode, openings=args.openings)
+        decode = task_env(ckpt).decode if args.openings or args.fit_set else None
+        state = read_checkpoint_state(Path(ckpt))["tba"]["buffer"]
+        r = report(state, args.inv_temp, args.near_duplicate_jaccard, args.top_reward, decode=decode,
+                   openings=args.openings)
         print(f"{ckpt}\n  {r['samples']} samples; off-policy probability on reward >= {args.top_reward}: "
               f"{r['top_mass_prioritised']:.3f} prioritised ({r['clusters_prioritised']} clusters), "
               f"{r['top_mass_spread']:.3f} spread at Jaccard {args.near_duplicate_jaccard} ({r['clusters_spread']} "
@@ -88,6 +103,10 @@ def main(argv=None) -> None:
                   f"{b['mean_reward']:.2f}, {b['top']:>3} top, best {b['max_reward']:.2f}")
             if "openings" in b:
                 print(f"    first words: {format_openings(b['openings'], 'top')}")
+        for bound in args.fit_set:
+            f = fit_set(state, bound, decode, openings=args.openings or 5)
+            print(f"  fit set at reward >= {bound:g}: {f['samples']} samples, diversity {f['diversity']:.3f}, "
+                  f"{f['distinct']} distinct; first words: {format_openings(f['openings'])}")
 
 
 def task_env(checkpoint: str):

@@ -297,6 +297,14 @@ def test_replay_report_splits_the_draw_mass_as_computed_by_hand():
     r = replay_report.report(buf.get_state(), inv_temp=1.0, jaccard=0.4, top_reward=-1.0,
                              decode=lambda ids: " ".join(words.get(int(i), "") for i in ids), openings=2)
     assert [b["openings"] for b in r["bands"]] == [[("bitch", 3, 3)], [("hey", 1, 1), ("bitch", 1, 0)]]
+    # --fit-set: what smoothing at a bound would fit, decoded: the three top near-copies decode to one text
+    from envs.metrics import embed
+
+    f = replay_report.fit_set(buf.get_state(), -1.0, lambda ids: " ".join(words.get(int(i), "") for i in ids))
+    assert (f["samples"], f["distinct"], f["openings"]) == (4, 2, [("bitch", 3, None), ("hey", 1, None)])
+    a, b = embed(["Bitch, you x ", "hey Bitch"])
+    assert f["diversity"] == pytest.approx((1 - float(a @ b)) / 2, abs=1e-5)  # 6 of 12 ordered pairs identical
+    assert replay_report.fit_set(buf.get_state(), -3.0, lambda ids: "x")["samples"] == 5
 
 
 def test_replay_cluster_cost_benchmark_runs(capsys):
