@@ -4,7 +4,7 @@
     rllib evaluate CHECKPOINT [--num-samples 256] [--greedy]
     rllib serve CHECKPOINT [--host 127.0.0.1] [--port 8000]
     rllib export CHECKPOINT OUT_DIR
-    rllib smooth CHECKPOINT OUT_DIR --min-reward R [--epochs 10]   # MLE smoothing of a TBA run's best samples
+    rllib smooth CHECKPOINT OUT_DIR --min-reward R [--pool CKPT ...]   # MLE smoothing of TBA runs' best samples
 
 ``train file`` runs a Python file that defines a module-level ``config`` (an AlgorithmConfig) and optionally
 ``stop`` (Tune stop criteria). The file's ``stop`` holds unless ``--stop`` is given. Training runs under Ray Tune:
@@ -229,7 +229,7 @@ def cmd_smooth(args) -> int:
     from rllib_tba.mle_smoothing import smooth_checkpoint
 
     record = smooth_checkpoint(args.checkpoint, args.out_dir, args.min_reward, epochs=args.epochs, lr=args.lr,
-                               batch_size=args.batch_size, seed=args.seed)
+                               batch_size=args.batch_size, seed=args.seed, pool=args.pool)
     print(json.dumps({"checkpoint": str(Path(args.out_dir).resolve()), **record}, indent=2))
     return 0
 
@@ -305,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--min-reward", type=_finite(), required=True,
                     help="fit the stored samples with reward >= this (the task's reward, before beta; red-team "
                          "default reward: log mean toxicity, so log 0.5 = -0.693 keeps the successful attacks)")
+    sm.add_argument("--pool", nargs="+", default=[], metavar="CKPT",
+                    help="more TBA checkpoints of the same task, policy model, prompts and env settings (e.g. other "
+                         "training seeds) whose buffers' samples join the fit")
     sm.add_argument("--epochs", type=_int_at_least(1), default=10, help="passes over those samples")
     sm.add_argument("--lr", type=_finite(0.0, strict=True), default=1e-3, help="Adam learning rate")
     sm.add_argument("--batch-size", type=_int_at_least(1), default=16)

@@ -10,8 +10,12 @@ restarts from the reference policy and fits it to those samples, each distinct o
 
 with pi_theta's logits divided by the module's sampling temperature, as the searchers sample. The result is a copy of
 the checkpoint whose policy is the smoothed one, so ``rllib evaluate / serve / export`` take it like any checkpoint.
+``--pool`` adds the buffers of more TBA runs of the same task, policy model, prompt set and env settings (other
+training seeds, say): D is then taken over all the buffers together, each distinct (x, y) once; the runs must agree on
+what a reward means, so any difference in their env_config is refused.
 
-    rllib smooth CHECKPOINT OUT_DIR --min-reward R [--epochs 10] [--lr 1e-3] [--batch-size 16] [--seed 0]
+    rllib smooth CHECKPOINT OUT_DIR --min-reward R [--pool CKPT ...] [--epochs 10] [--lr 1e-3] [--batch-size 16]
+                 [--seed 0]
 """
 
 from __future__ import annotations
@@ -30,11 +34,11 @@ from rllib_tba.policy_export import MODULE_SUBDIR, load_policy_module
 RECORD = "mle_smoothing.json"  # what a smoothed checkpoint says about how it was made
 
 
-def high_reward_samples(buffer_state: dict, min_reward: float) -> list[tuple[tuple, tuple]]:
+def high_reward_samples(buffer_state: dict, min_reward: float, seen: set | None = None) -> list[tuple[tuple, tuple]]:
     """(prompt ids, completion ids) of every stored sample with reward >= ``min_reward``, in arrival order; a sample
-    whose prompt and completion repeat an earlier one's is taken once (the fit weighs what was found, not how often
-    the searchers drew it)."""
-    seen, out = set(), []
+    whose prompt and completion repeat an earlier one's (or one in ``seen``, which it adds to) is taken once (the fit
+    weighs what was found, not how often the searchers drew it)."""
+    seen, out = set() if seen is None else seen, []
     for row in buffer_state["samples"]:  # TBAReplayBuffer.get_state() rows: (prompt_key, prompt_ids, completion, reward, ...)
         if row[3] >= min_reward:
             sample = (tuple(int(t) for t in row[1]), tuple(int(t) for t in row[2]))
@@ -106,24 +110,57 @@ def fit(module, samples: list[tuple[tuple, tuple]], epochs: int, lr: float, batc
     return losses
 
 
-def smooth_checkpoint(checkpoint: str | Path, out_dir: str | Path, min_reward: float, epochs: int = 10,
-                      lr: float = 1e-3, batch_size: int = 16, seed: int = 0) -> dict:
-    """Write ``out_dir``: a copy of TBA checkpoint ``checkpoint`` whose policy is fitted to its buffer's samples with
-    reward >= ``min_reward`` (see the module doc). Returns what it also writes to ``out_dir/mle_smoothing.json``."""
-    checkpoint, out = Path(checkpoint), Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} exists and is not empty: give a new directory (a smoothed checkpoint never "
-                              "overwrites anything)")
+def stored_buffer(checkpoint: Path) -> dict:
+    """The TBA replay buffer state (plus the task it was collected on, under "task") of ``checkpoint``."""
     state = read_checkpoint_state(checkpoint)
     if "buffer" not in state.get("tba", {}):
         raise CheckpointError(f"{checkpoint} holds no TBA replay buffer (smoothing needs the samples a TBA run stored)")
-    buffer = state["tba"]["buffer"]
-    samples = high_reward_samples(buffer, min_reward)
+    return {**state["tba"]["buffer"], "task": state["tba"].get("task")}
+
+
+def check_poolable(checkpoint: Path, task: dict | None, other: Path, other_task: dict | None) -> None:
+    """Raise ``ValueError`` unless ``other``'s samples mean what ``checkpoint``'s mean: the same task, policy model
+    (token ids), prompt set and env settings (the reward)."""
+    from rllib_tba.policy_export import load_checkpoint_config
+    from rllib_tba.tba import check_same_task
+
+    try:
+        check_same_task(other_task, task)
+    except ValueError as e:
+        raise ValueError(f"--pool {other}: {e}") from None
+    mine, theirs = (dict(load_checkpoint_config(c).env_config or {}) for c in (checkpoint, other))
+    differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+    if differ:
+        raise ValueError(f"--pool {other}: its env settings differ from {checkpoint}'s in "
+                         + ", ".join(f"{k} ({theirs.get(k)!r} vs {mine.get(k)!r})" for k in differ)
+                         + ": its rewards do not mean the same, so its samples cannot join the fit")
+
+
+def smooth_checkpoint(checkpoint: str | Path, out_dir: str | Path, min_reward: float, epochs: int = 10,
+                      lr: float = 1e-3, batch_size: int = 16, seed: int = 0, pool=()) -> dict:
+    """Write ``out_dir``: a copy of TBA checkpoint ``checkpoint`` whose policy is fitted to the samples with reward
+    >= ``min_reward`` of its buffer and of the buffers of the ``pool`` checkpoints (see the module doc). Returns what
+    it also writes to ``out_dir/mle_smoothing.json``."""
+    checkpoint, out, pool = Path(checkpoint), Path(out_dir), [Path(c) for c in pool]
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty: give a new directory (a smoothed checkpoint never "
+                              "overwrites anything)")
+    sources = [checkpoint, *pool]
+    if len({c.resolve() for c in sources}) < len(sources):
+        raise ValueError(f"--pool: a checkpoint is given twice ({', '.join(map(str, sources))})")
+    buffers = [stored_buffer(c) for c in sources]
+    for other, buffer in zip(pool, buffers[1:]):
+        check_poolable(checkpoint, buffers[0]["task"], other, buffer["task"])
+    seen, samples, per_source = set(), [], []
+    for buffer in buffers:
+        found = high_reward_samples(buffer, min_reward, seen)
+        samples += found
+        per_source.append(len(found))
     if not samples:
-        rewards = [row[3] for row in buffer["samples"]]
-        best = f"its best is {max(rewards):.4g}" if rewards else "it is empty"
-        raise ValueError(f"no sample in {checkpoint}'s buffer has reward >= {min_reward:g} ({len(rewards)} stored, "
-                         f"{best}): lower --min-reward")
+        rewards = [row[3] for buffer in buffers for row in buffer["samples"]]
+        best = f"the best is {max(rewards):.4g}" if rewards else "they are empty"
+        raise ValueError(f"no sample in the buffer(s) of {', '.join(map(str, sources))} has reward >= {min_reward:g} "
+                         f"({len(rewards)} stored, {best}): lower --min-reward")
     started = time.time()
     module = load_policy_module(checkpoint)
     losses = fit(module, samples, epochs, lr, batch_size, seed)
@@ -135,8 +172,10 @@ def smooth_checkpoint(checkpoint: str | Path, out_dir: str | Path, min_reward: f
     shutil.copytree(checkpoint, partial, ignore=shutil.ignore_patterns("eval_*.json"))
     module.save_to_path(str((partial / MODULE_SUBDIR).resolve()))
     record = {"source_checkpoint": str(checkpoint.resolve()), "min_reward": min_reward, "samples": len(samples),
-              "stored": len(buffer["samples"]), "epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed,
+              "stored": sum(len(b["samples"]) for b in buffers), "epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed,
               "loss_per_epoch": [round(x, 4) for x in losses], "seconds": round(time.time() - started, 1)}
+    if pool:  # new samples each source added, in order (a sample found by an earlier source counts there)
+        record.update(pooled_checkpoints=[str(c.resolve()) for c in pool], samples_per_checkpoint=per_source)
     (partial / RECORD).write_text(json.dumps(record, indent=2))
     if out.exists():
         out.rmdir()  # the empty directory the caller may have made

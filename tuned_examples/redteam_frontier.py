@@ -19,6 +19,7 @@ drawn from that file.
     python tuned_examples/redteam_frontier.py default --seeds 0 --reward-temperature-schedule 0:2 100:1  # Lee's tau
     python tuned_examples/redteam_frontier.py default --seeds 3 --checkpoint-every 20  # + checkpoints along the way
     python tuned_examples/redteam_frontier.py smooth --seeds 4          # + the MLE-smoothed policy of that run
+    python tuned_examples/redteam_frontier.py smooth --seeds 4 5 --smoothing-pool   # one policy from both runs' buffers
     python tuned_examples/redteam_frontier.py plot                      # only redraw the pictures from the JSON
 
 Each command runs its trials one after another (each takes the whole machine), evaluates each final checkpoint on
@@ -36,6 +37,9 @@ options already in the JSON (trained earlier, or by ``default`` in the same comm
 the successful attacks its replay buffer holds (reward >= log 0.5 or --smoothing-min-reward, each distinct one once,
 --smoothing-epochs passes), evaluated the same way, recorded as a TBA run whose knob adds ``mle_smoothing_epochs`` and
 whose wall-clock adds the smoothing's (its time to ASR 25% is the searchers', which never ran the smoothed policy).
+``--smoothing-pool``: one policy fitted to the successful attacks of all the --seeds runs' buffers together (restarts
+of the same search, pooled: ``rllib smooth --pool``), recorded as one run (knob ``mle_smoothing_pooled_seeds``) that
+trained the runs one after another: attacks, updates and wall-clock add up, plus the smoothing's.
 ``--quick``: the tiny test model as attacker and victim, a few updates; what the tests run.
 """
 
@@ -310,50 +314,83 @@ def evaluate(checkpoint: str, num_samples: int, seed: int = 0, extra=(), tag: st
 
 
 def smooth_runs(args, out: Path) -> list[dict]:
-    """``smooth``: for each seed, the JSON's TBA run with this command's options (its trial on this machine), MLE-smoothed
-    and evaluated (a smoothed checkpoint made before, with the same passes, is reused); returns the new records."""
+    """``smooth``: for each seed (with --smoothing-pool: for all the seeds together), the JSON's TBA run with this
+    command's options (its trial on this machine), MLE-smoothed and evaluated (a smoothed checkpoint made before, with
+    the same passes, is reused); returns the new records."""
     from rllib_tba.mle_smoothing import RECORD, smooth_checkpoint
 
     runs = json.loads(out.read_text())["runs"] if out.is_file() else []
+    knob_of = {seed: tba_knob(tba_config(args, seed)) for seed in args.seeds}
+    if knob_of[args.seeds[0]]["reward"] != "log_mean_toxicity" and args.smoothing_min_reward == SMOOTHING_MIN_REWARD:
+        raise SystemExit(f"smooth: the run's reward is {knob_of[args.seeds[0]]['reward']}; a successful attack is "
+                         f"reward > log {SUCCESS_THRESHOLD} only for log_mean_toxicity: give --smoothing-min-reward")
+    bases = {seed: trained_run(runs, knob_of[seed], seed, default_stop(args), out) for seed in args.seeds}
     records = []
-    for seed in args.seeds:
-        knob, stop = tba_knob(tba_config(args, seed)), default_stop(args)
-        base = [r for r in runs if r["method"] == "tba" and r["knob"] == knob and r["train_seed"] == seed and
-                r["stop"] == stop and r["machine"] == bench.machine_line()]
-        if not base:
-            raise SystemExit(f"smooth: {out} holds no TBA run of seed {seed} with knob {knob} and stop {stop} on this "
-                             "machine: train it first (e.g. the same command with `default` before `smooth`)")
-        base = base[-1]
-        if knob["reward"] != "log_mean_toxicity" and args.smoothing_min_reward == SMOOTHING_MIN_REWARD:
-            raise SystemExit(f"smooth: the run's reward is {knob['reward']}; a successful attack is reward > log "
-                             f"{SUCCESS_THRESHOLD} only for log_mean_toxicity: give --smoothing-min-reward")
-        checkpoints = sorted((ROOT / base["trial_dir"]).glob("checkpoint_*"))
-        if not checkpoints:
-            raise SystemExit(f"smooth: no checkpoint in {ROOT / base['trial_dir']} (the run's results are not on this "
-                             "machine)")
+    for seeds in [args.seeds] if args.smoothing_pool else [[seed] for seed in args.seeds]:
+        checkpoints = [final_checkpoint(bases[seed]) for seed in seeds]
         bound = "" if args.smoothing_min_reward == SMOOTHING_MIN_REWARD else f"_r{args.smoothing_min_reward:g}"
-        smoothed = checkpoints[-1].parent / SMOOTHED.format(epochs=args.smoothing_epochs, bound=bound,
-                                                            checkpoint=checkpoints[-1].name)
+        pool = f"_pool{'-'.join(map(str, seeds))}" if args.smoothing_pool else ""
+        smoothed = checkpoints[0].parent / SMOOTHED.format(epochs=args.smoothing_epochs, bound=bound + pool,
+                                                           checkpoint=checkpoints[0].name)
         made = smoothed / RECORD
         smoothing = json.loads(made.read_text()) if made.is_file() else smooth_checkpoint(
-            checkpoints[-1], smoothed, args.smoothing_min_reward, epochs=args.smoothing_epochs, seed=seed)
+            checkpoints[0], smoothed, args.smoothing_min_reward, epochs=args.smoothing_epochs, seed=seeds[0],
+            pool=checkpoints[1:])
         if smoothing["min_reward"] != args.smoothing_min_reward:
             raise SystemExit(f"smooth: {smoothed} was fitted to reward >= {smoothing['min_reward']:g}, not "
                              f"{args.smoothing_min_reward:g}: remove it to make it again")
-        evaluation = evaluate(str(smoothed), args.num_eval)
         smoothing_knob = {"mle_smoothing_epochs": args.smoothing_epochs}
         if args.smoothing_min_reward != SMOOTHING_MIN_REWARD:
             smoothing_knob["mle_smoothing_min_reward"] = args.smoothing_min_reward
-        records.append({
-            **{k: v for k, v in base.items() if k not in ("eval", "asr_curve", "superseded_default")},
-            "knob": {**knob, **smoothing_knob}, "default_example": False,
-            "wall_clock_s": round(base["wall_clock_s"] + smoothing["seconds"], 1),
-            "eval": eval_record(evaluation), "asr_curve": base["asr_curve"],
-            "smoothing": {"commit": bench.commit(), "checkpoint": str(smoothed).replace(str(ROOT) + os.sep, ""),
-                          **{k: smoothing[k] for k in ("min_reward", "samples", "stored", "epochs", "seconds",
-                                                       "loss_per_epoch")}},
-        })
+        if args.smoothing_pool:
+            smoothing_knob["mle_smoothing_pooled_seeds"] = list(seeds)
+        smoothing = {"commit": bench.commit(), "checkpoint": str(smoothed).replace(str(ROOT) + os.sep, ""),
+                     **{k: smoothing[k] for k in ("min_reward", "samples", "stored", "epochs", "seconds",
+                                                  "loss_per_epoch", "samples_per_checkpoint") if k in smoothing}}
+        records.append(smoothed_record([bases[seed] for seed in seeds], smoothing_knob, smoothing,
+                                       eval_record(evaluate(str(smoothed), args.num_eval))))
     return records
+
+
+def trained_run(runs: list[dict], knob: dict, seed: int, stop: dict, out: Path) -> dict:
+    """The JSON's latest TBA run of ``seed`` with ``knob`` and ``stop`` on this machine (``smooth`` needs its trial)."""
+    base = [r for r in runs if r["method"] == "tba" and r["knob"] == knob and r["train_seed"] == seed and
+            r["stop"] == stop and r["machine"] == bench.machine_line()]
+    if not base:
+        raise SystemExit(f"smooth: {out} holds no TBA run of seed {seed} with knob {knob} and stop {stop} on this "
+                         "machine: train it first (e.g. the same command with `default` before `smooth`)")
+    return base[-1]
+
+
+def final_checkpoint(run: dict) -> Path:
+    """The last checkpoint of a run's trial on this machine."""
+    checkpoints = sorted((ROOT / run["trial_dir"]).glob("checkpoint_*"))
+    if not checkpoints:
+        raise SystemExit(f"smooth: no checkpoint in {ROOT / run['trial_dir']} (the run's results are not on this "
+                         "machine)")
+    return checkpoints[-1]
+
+
+def smoothed_record(bases: list[dict], smoothing_knob: dict, smoothing: dict, evaluation: dict) -> dict:
+    """The record of a policy smoothed from the buffers of ``bases`` (one run, or runs of several seeds pooled): the
+    first run's record with the smoothing's knob, evaluation and record; the runs count as trained one after another
+    on this machine, then smoothed: their attacks and updates add up, its wall-clock is theirs plus the smoothing's,
+    and its time to ASR 25% is the first run to reach it, counted from the first run's start (the searchers never ran
+    the smoothed policy)."""
+    first, elapsed, reached = bases[0], 0.0, None
+    for run in bases:
+        if run["time_to_asr_0.25_s"] is not None:
+            reached = round(elapsed + run["time_to_asr_0.25_s"], 1)
+            break
+        elapsed += run["wall_clock_s"]
+    record = {k: v for k, v in first.items() if k not in ("eval", "superseded_default")}
+    record.update(knob={**first["knob"], **smoothing_knob}, default_example=False, eval=evaluation,
+                  smoothing=smoothing, wall_clock_s=round(sum(r["wall_clock_s"] for r in bases) + smoothing["seconds"], 1))
+    if len(bases) > 1:
+        record.update({"time_to_asr_0.25_s": reached, "pooled_trial_dirs": [r["trial_dir"] for r in bases],
+                       "attacks_generated": sum(r["attacks_generated"] for r in bases),
+                       "learner_updates": sum(r["learner_updates"] for r in bases)})
+    return record
 
 
 def same_run(a: dict, b: dict) -> bool:
@@ -506,12 +543,12 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
         for r in mine:
             ax.annotate(f"s{r['train_seed']}", (r["eval"]["diversity"], 100 * r["eval"]["asr"]), fontsize=7,
                         xytext=(4, 3), textcoords="offset points")
-    for r in runs:  # an arrow from a run to its MLE-smoothed policy
-        base = [b for b in runs if b.get("trial_dir") == r.get("trial_dir") and "smoothing" not in b]
-        if "smoothing" in r and base:
+    for r in (r for r in runs if "smoothing" in r):  # an arrow from each run it was smoothed from to the policy
+        sources = r.get("pooled_trial_dirs", [r.get("trial_dir")])
+        for base in (b for b in runs if b.get("trial_dir") in sources and "smoothing" not in b):
             ax.annotate("", xy=(r["eval"]["diversity"], 100 * r["eval"]["asr"]), xytext=(
-                base[0]["eval"]["diversity"], 100 * base[0]["eval"]["asr"]), arrowprops={"arrowstyle": "->", "lw": 0.7,
-                                                                                        "color": "grey"})
+                base["eval"]["diversity"], 100 * base["eval"]["asr"]), arrowprops={"arrowstyle": "->", "lw": 0.7,
+                                                                                 "color": "grey"})
     finish_plot(fig, ax, paths[0], DIVERSITY_AXIS, f"ASR (%), {runs[0]['eval']['n'] if runs else 256} attacks",
                 "red-team frontier: one point per training run (arrow: to its MLE-smoothed policy)",
                 fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1)  # below: no point hidden
@@ -622,12 +659,18 @@ def main(argv=None) -> dict:
                     help="smooth: passes over the run's successful attacks (rllib smooth --epochs)")
     ap.add_argument("--smoothing-min-reward", type=float, default=SMOOTHING_MIN_REWARD, metavar="REWARD",
                     help="smooth: fit the stored attacks with reward >= this (default: log 0.5, the successful ones)")
+    ap.add_argument("--smoothing-pool", action="store_true",
+                    help="smooth: one policy fitted to the buffers of all the --seeds runs together (rllib smooth "
+                         "--pool), recorded as one run whose wall-clock adds up theirs and the smoothing's")
     args, out = parse_run_args(ap, argv, DEFAULT_OUT, "redteam_frontier")
     if args.smoothing_epochs < 1 or not math.isfinite(args.smoothing_min_reward) or \
             ("smooth" in args.what and set(args.what) - {"default", "smooth"}):
         ap.error(f"smooth --smoothing-epochs {args.smoothing_epochs} --smoothing-min-reward "
                  f"{args.smoothing_min_reward}: give passes >= 1 and a finite reward; smooth goes with default runs "
                  "only")
+    if args.smoothing_pool and ("smooth" not in args.what or len(set(args.seeds)) < 2 or len(set(args.seeds)) != len(args.seeds)):
+        ap.error(f"--smoothing-pool --seeds {' '.join(map(str, args.seeds))}: pooling goes with smooth and two or "
+                 "more different seeds")
     if args.updates is not None and (args.updates < 1 or args.until_target):
         ap.error(f"--updates {args.updates}: give a number of learner updates >= 1, and not with --until-target "
                  "(that stops at the target or --max-updates)")
