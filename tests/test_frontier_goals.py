@@ -311,11 +311,49 @@ def test_smooth_needs_the_run_in_the_json_and_the_pictures_take_a_smoothed_run(t
     out = tmp_path / "frontier.json"
     with pytest.raises(SystemExit, match="holds no TBA run of seed 3"):
         frontier.smooth_runs(argparse.Namespace(quick=True, seeds=[3], updates=None, until_target=False,
-                                                smoothing_epochs=10, smoothing_min_reward=-0.69), out)
+                                                smoothing_epochs=10, smoothing_min_reward=-0.69,
+                                                smoothing_pool=False), out)
     base = {**run("tba", 0, 0.5, 0.6, default=True), "trial_dir": "t0", "asr_curve": [[10.0, 0.1], [20.0, 0.5]]}
     smoothed = {**base, **run("tba", 0, 0.8, 0.7, knob={"beta": 0.05, "mle_smoothing_epochs": 10}),
                 "smoothing": {"samples": 40, "seconds": 60.0}}
     for r in (base, smoothed):
         r["eval"]["n"] = 256
     paths = frontier.plot({"runs": [base, smoothed]}, tmp_path)
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+
+
+@pytest.mark.parametrize("argv", [["smooth", "--seeds", "4", "--smoothing-pool"],
+                                  ["smooth", "--seeds", "4", "4", "--smoothing-pool"],
+                                  ["default", "--seeds", "4", "5", "--smoothing-pool"]])
+def test_smoothing_pool_needs_smooth_and_two_different_seeds(argv, capsys):
+    with pytest.raises(SystemExit):
+        frontier.main([*argv, "--quick"])
+    assert "pooling goes with smooth and two or more different seeds" in capsys.readouterr().err
+
+
+def test_a_pooled_smoothing_counts_its_runs_as_trained_one_after_another(tmp_path):
+    def base(seed, t25, wall, attacks, trial):
+        return {**run("tba", seed, 0.5, 0.6, default=True, t25=t25, wall=wall), "trial_dir": trial,
+                "attacks_generated": attacks, "learner_updates": 220, "asr_curve": [[10.0, 0.3]]}
+
+    b4, b5 = base(4, None, 2400.0, 1700, "t4"), base(5, 2000.0, 2200.0, 1600, "t5")  # seed 4 never reached 25%
+    knob = {"mle_smoothing_epochs": 20, "mle_smoothing_pooled_seeds": [4, 5]}
+    evaluation = {"n": 256, "asr": 0.92, "diversity": 0.64, "distinct_successful": 150}
+    pooled = frontier.smoothed_record([b4, b5], knob, {"samples": 178, "seconds": 800.0}, evaluation)
+    assert pooled["knob"] == {"beta": 0.05, **knob} and pooled["train_seed"] == 4 and not pooled["default_example"]
+    assert pooled["wall_clock_s"] == 2400 + 2200 + 800 and pooled["time_to_asr_0.25_s"] == 2400 + 2000
+    assert pooled["attacks_generated"] == 3300 and pooled["learner_updates"] == 440
+    assert pooled["pooled_trial_dirs"] == ["t4", "t5"] and pooled["eval"] == evaluation
+    assert b4["wall_clock_s"] == 2400.0 and "smoothing" not in b4  # the runs' own records untouched
+    first_reached = frontier.smoothed_record([b5, b4], knob, {"seconds": 800.0}, evaluation)
+    assert first_reached["time_to_asr_0.25_s"] == 2000 and first_reached["train_seed"] == 5
+    one = frontier.smoothed_record([b5], {"mle_smoothing_epochs": 20}, {"seconds": 100.0}, evaluation)
+    assert one["wall_clock_s"] == 2300 and one["time_to_asr_0.25_s"] == 2000 and one["attacks_generated"] == 1600
+    assert "pooled_trial_dirs" not in one
+    # within 2 h (5400 s) at ASR >= 90% with >= 100 distinct successful: the bar is met by the pooled run
+    assert frontier.goals([b4, b5, pooled])["asr_0.9_within_2h"] == {"runs": 1, "best_distinct_successful": 150,
+                                                                      "met": True}
+    for r in (b4, b5):
+        r["eval"]["n"] = 256
+    paths = frontier.plot({"runs": [b4, b5, pooled]}, tmp_path)  # an arrow from each pooled run
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)

@@ -229,6 +229,69 @@ def test_cli_smooth_fits_the_run_s_best_samples_into_a_new_checkpoint(trained, t
         too_high.stderr and not (tmp_path / "other").exists(), too_high.stderr[-2000:]
 
 
+def test_cli_smooth_pools_the_buffers_of_runs_of_the_same_task(trained, tmp_path):
+    """`rllib smooth --pool`: the fit takes the samples of every given checkpoint's buffer (each distinct one once);
+    a checkpoint of another policy model, with other env settings (another reward), or given twice is refused."""
+    import pickle
+    import shutil
+
+    import torch
+    from ray import cloudpickle
+
+    from rllib_tba.checkpoint_files import ALGORITHM_STATE, read_checkpoint_state
+    from rllib_tba.mle_smoothing import completion_nll
+    from rllib_tba.policy_export import load_policy_module
+
+    def copy(name, state_change=None, env_change=None):
+        path = tmp_path / name
+        shutil.copytree(trained["checkpoint"], path)
+        if state_change:
+            state = read_checkpoint_state(path)
+            state_change(state)
+            (path / ALGORITHM_STATE).write_bytes(pickle.dumps(state))
+        if env_change:
+            data = pickle.loads((path / "class_and_ctor_args.pkl").read_bytes())
+            config = data["ctor_args_and_kwargs"][0][0]  # Tune stores the config as a dict
+            config["env_config"] = {**config["env_config"], **env_change}
+            (path / "class_and_ctor_args.pkl").write_bytes(cloudpickle.dumps(data))  # as RLlib wrote it
+        return path
+
+    def other_search(state):  # another run of the same task: other attacks (each completion + its first token again)
+        rows = state["tba"]["buffer"]["samples"]
+        rows[:] = [(r[0], r[1], np.append(r[2], r[2][:1]), *r[3:]) for r in rows]
+
+    source, other = copy("source"), copy("other", other_search)
+    rows = read_checkpoint_state(source)["tba"]["buffer"]["samples"]
+    bound = float(np.median([row[3] for row in rows]))
+    fitted = {path: {(tuple(int(t) for t in r[1]), tuple(int(t) for t in r[2]))
+                     for r in read_checkpoint_state(path)["tba"]["buffer"]["samples"] if r[3] >= bound}
+              for path in (source, other)}
+    out = tmp_path / "pooled"
+    record = last_json(rllib("smooth", str(source), str(out), "--min-reward", repr(bound), "--pool", str(other),
+                             "--epochs", "4", "--lr", "0.01").stdout)
+    assert record["samples"] == len(fitted[source] | fitted[other]) == 2 * len(fitted[source])
+    assert record["samples_per_checkpoint"] == [len(fitted[source]), len(fitted[other])]
+    assert record["stored"] == 2 * len(rows) and record["pooled_checkpoints"] == [str(other.resolve())]
+    smoothed, original = load_policy_module(out), load_policy_module(source)
+    with torch.no_grad():  # the other run's attacks were fitted too
+        nll = {name: float(completion_nll(m.lm, sorted(fitted[other]), m.temperature))
+               for name, m in (("smoothed", smoothed), ("original", original))}
+    assert nll["smoothed"] < nll["original"] - 0.5, nll
+    refused = {
+        "another policy model": copy("model", lambda st: st["tba"]["task"].update(policy_model="gpt2")),
+        "env settings differ from": copy("reward", env_change={"no_eos_reward": -5.0}),
+        "given twice": source,
+    }
+    for why, pooled in refused.items():
+        proc = cli("smooth", str(source), str(tmp_path / f"x_{pooled.name}"), "--min-reward", repr(bound),
+                   "--pool", str(pooled))
+        assert proc.returncode == 2 and why in proc.stderr and not (tmp_path / f"x_{pooled.name}").exists(), \
+            proc.stderr[-2000:]
+    proc = cli("smooth", str(source), str(tmp_path / "y"), "--min-reward", repr(bound), "--pool",
+               str(tmp_path / "reward"))
+    assert "no_eos_reward (-5.0 vs " in proc.stderr, proc.stderr[-2000:]  # the message names the setting
+
+
 def cli(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "rllib_tba.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "RAY_DEDUP_LOGS": "0"})
