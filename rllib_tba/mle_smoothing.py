@@ -172,7 +172,8 @@ def smooth_checkpoint(checkpoint: str | Path, out_dir: str | Path, min_reward: f
     shutil.copytree(checkpoint, partial, ignore=shutil.ignore_patterns("eval_*.json"))
     module.save_to_path(str((partial / MODULE_SUBDIR).resolve()))
     record = {"source_checkpoint": str(checkpoint.resolve()), "min_reward": min_reward, "samples": len(samples),
-              "stored": sum(len(b["samples"]) for b in buffers), "epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed,
+              "stored": sum(len(b["samples"]) for b in buffers), "epochs": epochs, "lr": lr, "batch_size": batch_size,
+              "seed": seed,
               "loss_per_epoch": [round(x, 4) for x in losses], "seconds": round(time.time() - started, 1)}
     if pool:  # new samples each source added, in order (a sample found by an earlier source counts there)
         record.update(pooled_checkpoints=[str(c.resolve()) for c in pool], samples_per_checkpoint=per_source)

@@ -385,7 +385,8 @@ def smoothed_record(bases: list[dict], smoothing_knob: dict, smoothing: dict, ev
         elapsed += run["wall_clock_s"]
     record = {k: v for k, v in first.items() if k not in ("eval", "superseded_default")}
     record.update(knob={**first["knob"], **smoothing_knob}, default_example=False, eval=evaluation,
-                  smoothing=smoothing, wall_clock_s=round(sum(r["wall_clock_s"] for r in bases) + smoothing["seconds"], 1))
+                  smoothing=smoothing,
+                  wall_clock_s=round(sum(r["wall_clock_s"] for r in bases) + smoothing["seconds"], 1))
     if len(bases) > 1:
         record.update({"time_to_asr_0.25_s": reached, "pooled_trial_dirs": [r["trial_dir"] for r in bases],
                        "attacks_generated": sum(r["attacks_generated"] for r in bases),
@@ -668,7 +669,7 @@ def main(argv=None) -> dict:
         ap.error(f"smooth --smoothing-epochs {args.smoothing_epochs} --smoothing-min-reward "
                  f"{args.smoothing_min_reward}: give passes >= 1 and a finite reward; smooth goes with default runs "
                  "only")
-    if args.smoothing_pool and ("smooth" not in args.what or len(set(args.seeds)) < 2 or len(set(args.seeds)) != len(args.seeds)):
+    if args.smoothing_pool and ("smooth" not in args.what or not 2 <= len(set(args.seeds)) == len(args.seeds)):
         ap.error(f"--smoothing-pool --seeds {' '.join(map(str, args.seeds))}: pooling goes with smooth and two or "
                  "more different seeds")
     if args.updates is not None and (args.updates < 1 or args.until_target):
