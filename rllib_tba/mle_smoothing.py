@@ -118,17 +118,23 @@ def stored_buffer(checkpoint: Path) -> dict:
     return {**state["tba"]["buffer"], "task": state["tba"].get("task")}
 
 
-def check_poolable(checkpoint: Path, task: dict | None, other: Path, other_task: dict | None) -> None:
-    """Raise ``ValueError`` unless ``other``'s samples mean what ``checkpoint``'s mean: the same task, policy model
-    (token ids), prompt set and env settings (the reward)."""
+def env_settings(checkpoint: Path) -> dict:
+    """The env_config a checkpoint's run trained with."""
     from rllib_tba.policy_export import load_checkpoint_config
+
+    return dict(load_checkpoint_config(checkpoint).env_config or {})
+
+
+def check_poolable(checkpoint: Path, task: dict | None, mine: dict, other: Path, other_task: dict | None) -> None:
+    """Raise ``ValueError`` unless ``other``'s samples mean what ``checkpoint``'s mean (its task ``task``, env
+    settings ``mine``): the same task, policy model (token ids), prompt set and env settings (the reward)."""
     from rllib_tba.tba import check_same_task
 
     try:
         check_same_task(other_task, task)
     except ValueError as e:
         raise ValueError(f"--pool {other}: {e}") from None
-    mine, theirs = (dict(load_checkpoint_config(c).env_config or {}) for c in (checkpoint, other))
+    theirs = env_settings(other)
     differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
     if differ:
         raise ValueError(f"--pool {other}: its env settings differ from {checkpoint}'s in "
@@ -149,8 +155,9 @@ def smooth_checkpoint(checkpoint: str | Path, out_dir: str | Path, min_reward: f
     if len({c.resolve() for c in sources}) < len(sources):
         raise ValueError(f"--pool: a checkpoint is given twice ({', '.join(map(str, sources))})")
     buffers = [stored_buffer(c) for c in sources]
+    mine = env_settings(checkpoint) if pool else {}
     for other, buffer in zip(pool, buffers[1:]):
-        check_poolable(checkpoint, buffers[0]["task"], other, buffer["task"])
+        check_poolable(checkpoint, buffers[0]["task"], mine, other, buffer["task"])
     seen, samples, per_source = set(), [], []
     for buffer in buffers:
         found = high_reward_samples(buffer, min_reward, seen)
