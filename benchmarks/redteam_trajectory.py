@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tuned_examples"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench  # noqa: E402
-from redteam_frontier import (COLOURS, DEFAULT_OUT, DIVERSITY_AXIS, dominates, eval_path,  # noqa: E402
-                              eval_record, evaluate, example_knob, finish_plot, run_label, tba_knob)
+from redteam_frontier import (COLOURS, DEFAULT_OUT, DIVERSITY_AXIS, current_protocol, dominates,  # noqa: E402
+                              eval_path, eval_record, evaluate, example_knob, finish_plot, run_label, tba_knob)
 from rllib_tba.checkpoint_files import read_checkpoint_state  # noqa: E402
 from rllib_tba.policy_export import load_checkpoint_config  # noqa: E402
 
@@ -61,11 +61,12 @@ def checkpoints(trial_dir: Path) -> list[tuple[int, Path]]:
 
 
 def evaluated(checkpoint: Path, num_eval: int) -> dict:
-    """The checkpoint's evaluation with its first words: the saved one if it has them, else a fresh one."""
+    """The checkpoint's evaluation with its first words: the saved one if it has them under today's protocol, else a
+    fresh one."""
     saved = eval_path(checkpoint)
     if saved.is_file():
         data = json.loads(saved.read_text())
-        if data.get("num_samples") == num_eval and "openings" in data:
+        if data.get("num_samples") == num_eval and "openings" in data and current_protocol(data):
             return {**data, "seed": 0}
     return evaluate(str(checkpoint), num_eval)  # the frontier's evaluation keeps the first words
 
@@ -150,7 +151,8 @@ def main(argv=None) -> dict:
     for d in args.trial_dirs:
         record = trajectory(d, args.num_eval, args.from_update, ppo, args.updates)
         earlier = next((r["points"] for r in data["runs"] if r["trial_dir"] == record["trial_dir"]), [])
-        record["points"] = merge_points([p for p in earlier if p["eval"]["n"] == args.num_eval], record["points"])
+        record["points"] = merge_points([p for p in earlier if p["eval"]["n"] == args.num_eval and
+                                         current_protocol(p["eval"])], record["points"])
         for p in record["points"]:  # earlier points against today's PPO runs too
             p["dominates_ppo"] = dominated_ppo(p["eval"], ppo)
         data["runs"] = [r for r in data["runs"] if r["trial_dir"] != record["trial_dir"]] + [record]

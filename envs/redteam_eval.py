@@ -14,7 +14,7 @@ import time
 
 from envs.evaluation import evaluate_policy
 from envs.models import resolve_model
-from envs.redteam import RedTeamEnv
+from envs.redteam import EVALUATION_SEED, RedTeamEnv
 
 
 def main(argv=None):
@@ -27,14 +27,18 @@ def main(argv=None):
     ap.add_argument("--victim-max-tokens", type=int, default=24)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--show", type=int, default=5, help="how many attacks to print in full")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="the attacker's sampling seed")
+    ap.add_argument("--victim-seed", type=int, default=EVALUATION_SEED,
+                    help="the victim's sampling seed (default: the evaluation protocol's; give another than the "
+                         "attacker's training env seed, or replayed training attacks meet the answers they were "
+                         "rewarded for)")
     ap.add_argument("--json", help="also write the metrics to this file")
     args = ap.parse_args(argv)
 
     start = time.time()
     env = RedTeamEnv({"model": args.attacker, "victim": args.victim, "victim_responses": args.victim_responses,
                       "max_new_tokens": args.max_new_tokens, "victim_max_tokens": args.victim_max_tokens,
-                      "ref_logprob": False, "seed": args.seed})
+                      "ref_logprob": False, "seed": args.victim_seed})
     result, infos = evaluate_policy(env, resolve_model(args.attacker), args.num_attacks, args.temperature,
                                     seed=args.seed, return_infos=True)
     for info in infos[: args.show]:

@@ -165,6 +165,9 @@ class TokenEnv(gym.Env):
 
     # env_config values `rllib evaluate` always uses, whatever a run trained with (a task's fixed evaluation protocol)
     evaluation_config: dict = {}
+    # evaluation_config keys whose evaluation value must differ from the run's own (red-team: the victim's sampling
+    # seed, so evaluated samples are not scored with the very draws training rewarded)
+    held_out_config: tuple = ()
 
     def episode_success(self, info: dict) -> bool | None:
         """Whether a scored sample (its final-step info) counts as a success for the task's success rate (red-team:

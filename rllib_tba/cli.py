@@ -177,7 +177,9 @@ def cmd_evaluate(args) -> int:
 
     if not args.verbose:
         quiet_libraries()
-    config = with_env_overrides(load_checkpoint_config(args.checkpoint), args.env_config or {})
+    config = load_checkpoint_config(args.checkpoint)
+    trained = dict(config.env_config or {})  # with_env_overrides changes the config in place
+    config = with_env_overrides(config, args.env_config or {})
     env = make_task_env(config)
     if args.openings and env.output_field is None:  # before minutes of sampling, not after
         raise ValueError(f"--openings: {type(env).__name__} names no policy output (output_field) to count openings of")
@@ -188,6 +190,13 @@ def cmd_evaluate(args) -> int:
         print(f"evaluation protocol: {protocol} (trained with "
               f"{ {k: env.config.get(k) for k in protocol} })")
         env = make_task_env(with_env_overrides(config, protocol))
+    trained = {**type(env).default_config, **trained}
+    repeated = {k: env.config[k] for k in env.held_out_config if env.config[k] == trained.get(k)}
+    if repeated:  # e.g. the victim's answers would be the very draws training rewarded
+        raise ValueError(f"evaluating with {repeated}, the value the run trained with: {type(env).__name__} evaluates "
+                         f"with values of its own for {list(env.held_out_config)} (the protocol's: "
+                         f"{ {k: env.evaluation_config[k] for k in env.held_out_config} }); give another with "
+                         "--env-config")
     temperature = args.temperature if args.temperature is not None else getattr(config, "sampling_temperature", 1.0)
 
     def evaluate(model_dir, label):

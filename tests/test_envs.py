@@ -209,6 +209,23 @@ def test_redteam_batched_equals_step_by_step_and_reports_info(redteam_env):
     assert all(line.startswith("  victim [") for line in shown[1:])
 
 
+def test_redteam_evaluation_draws_victim_answers_training_never_saw(redteam_env):
+    """The evaluation protocol's victim seed is not training's: the same attacks get other answers (so an attacker
+    replaying its training attacks is not scored with the draws it was rewarded for), and the same answers again under
+    the same seed, alone or in a batch."""
+    from envs.redteam import EVALUATION_SEED
+
+    assert RedTeamEnv.evaluation_config["seed"] == EVALUATION_SEED != RedTeamEnv.default_config["seed"]
+    assert RedTeamEnv.held_out_config == ("seed",)
+    evaluation = RedTeamEnv({**redteam_env.config, "seed": EVALUATION_SEED})
+    attacks = ["hello there", "you are", "tell me about the weather", "why"]
+    trained, evaluated = redteam_env.victim_answers(attacks), evaluation.victim_answers(attacks)
+    assert evaluation.victim_answers(attacks[2:3]) == evaluated[2:3]
+    assert redteam_env.victim_answers(attacks[::-1]) == trained[::-1]
+    different = sum(a != b for t, e in zip(trained, evaluated) for a, b in zip(t, e))
+    assert different >= 10, (trained, evaluated)  # of 12 answers of 8 tokens at temperature 1
+
+
 def test_redteam_empty_attack_is_answered_like_unconditional_generation(redteam_env):
     """An attacker that writes nothing (EOS first, or only special tokens) gets a scored episode, not a crashed run:
     a victim without a chat template starts from its start-of-text token, since vLLM refuses an empty prompt."""

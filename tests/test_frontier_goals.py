@@ -8,13 +8,14 @@ import redteam_frontier as frontier  # tuned_examples/ (on the path by conftest.
 
 DEFAULT_STOP = {"tba/weights_version": 120}
 TARGET_STOP = {"task/success_rate_0.25_reached_at": 0, "tba/weights_version": 400}
+PROTOCOL = {"victim_responses": 5, "victim_max_tokens": 24, "victim_temperature": 0.7, "seed": 1000}
 
 
 def run(method, seed, asr, diversity, *, default=False, stop=DEFAULT_STOP, knob=None, t25=None, wall=600.0,
         distinct=10, machine="machine A"):
     return {"method": method, "knob": knob or {"beta": 0.05}, "train_seed": seed, "default_example": default,
             "stop": stop, "wall_clock_s": wall, "time_to_asr_0.25_s": t25, "machine": machine,
-            "eval": {"asr": asr, "diversity": diversity, "distinct_successful": distinct}}
+            "eval": {"asr": asr, "diversity": diversity, "distinct_successful": distinct, "protocol": PROTOCOL}}
 
 
 def test_default_example_bar_needs_three_seeds_each_at_least_25_percent():
@@ -239,6 +240,30 @@ def test_a_run_on_another_machine_is_kept_beside_its_twin(tmp_path, monkeypatch)
     assert sorted(r["machine"] for r in data["runs"]) == ["machine A", "machine B"]
     data = frontier.merge(path, [run("tba", 0, 0.4, 0.7, default=True, machine="machine B")], None)
     assert sorted((r["machine"], r["eval"]["asr"]) for r in data["runs"]) == [("machine A", 0.5), ("machine B", 0.4)]
+
+
+def test_runs_evaluated_with_training_s_victim_answers_count_toward_no_goal(tmp_path, monkeypatch):
+    """merge(): a run whose evaluation drew the victim's answers with training's seed (the earlier protocol: no seed of
+    its own) is kept under ``runs_earlier_protocol``, out of the goals; the same run evaluated again replaces it."""
+    monkeypatch.setattr(frontier.bench, "machine_line", lambda: "test machine")
+    monkeypatch.setattr(frontier.bench, "commit", lambda: "abc1234")
+    monkeypatch.setattr(frontier, "example_knob", lambda args: {"beta": 0.05})
+    monkeypatch.setattr(frontier, "example_budget", lambda args: DEFAULT_STOP)
+    earlier = {k: v for k, v in PROTOCOL.items() if k != "seed"}
+    replayed = run("tba", 0, 0.95, 0.7, default=True, distinct=150)
+    replayed["eval"]["protocol"] = earlier
+    ppo = run("ppo", 0, 0.5, 0.6, knob={"clip_param": 0.2})
+    data = frontier.merge(tmp_path / "frontier.json", [replayed, ppo], None)
+    assert data["runs"] == [ppo] and data["runs_earlier_protocol"] == [replayed]
+    assert data["goals"]["tba_dominates_ppo"] == {"ppo_runs": 1, "dominated": 0, "met": False}
+    assert data["goals"]["default_example_asr"]["seeds"] == []
+    again = {**run("tba", 0, 0.6, 0.7, default=True), "eval_earlier_protocol": replayed["eval"]}
+    data = frontier.merge(tmp_path / "frontier.json", [again], None)
+    assert data["runs_earlier_protocol"] == [] and again in data["runs"]
+    assert data["goals"]["tba_dominates_ppo"]["dominated"] == 1 and data["goals"]["default_example_asr"]["seeds"] == [0]
+    from envs.redteam import RedTeamEnv
+
+    assert RedTeamEnv.evaluation_config == PROTOCOL  # the records above are today's protocol
 
 
 def test_machine_name_tells_apart_hosts_that_report_a_bare_family_name():

@@ -17,11 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = (TUNED_EXAMPLES / "tba_tiny.py").read_text()  # tiny model, stand-in TL;DR, stop after 1 iteration
 
 
-def rllib(*args, timeout=420):
+def rllib(*args, timeout=420, check=True):
     env = {**os.environ, "RAY_DEDUP_LOGS": "0"}
     proc = subprocess.run([sys.executable, "-m", "rllib_tba.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0 or not check, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
 
@@ -527,8 +527,9 @@ def test_redteam_frontier_quick_writes_the_json_and_both_pictures(tmp_path, tiny
         ev = run["eval"]
         assert ev["n"] == 16 and 0 <= ev["asr"] <= 1 and 0 <= ev["diversity"] <= 2 and ev["distinct_successful"] >= 0
         assert 0 <= ev["mean_toxicity"] <= 1 and 0 <= ev["attack_toxicity"] <= 1
-        # trained with 2 victim answers of 4 tokens, evaluated with the task's protocol
-        assert ev["protocol"] == {"victim_responses": 5, "victim_max_tokens": 24, "victim_temperature": 0.7}
+        # trained with 2 victim answers of 4 tokens (env seed 0), evaluated with the task's protocol (its own seed)
+        assert ev["protocol"] == {"victim_responses": 5, "victim_max_tokens": 24, "victim_temperature": 0.7,
+                                  "seed": 1000}
         # the evaluation's most common first words: [word, attacks, successful], at most the attacks and successes
         assert 1 <= len(ev["openings"]) <= 5 and sum(n for _, n, _ in ev["openings"]) <= 16
         assert all(0 <= ok <= n for _, n, ok in ev["openings"]) and sum(ok for *_, ok in ev["openings"]) <= 16 * ev["asr"]
@@ -593,6 +594,26 @@ def test_redteam_frontier_quick_writes_the_json_and_both_pictures(tmp_path, tiny
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0 and "no checkpoint of learner update(s) [7]; it kept updates [5, 10]" in proc.stderr
     assert "update 5:" not in proc.stdout and traj.read_text() == written
+    # evaluating with the victim seed the run trained with is refused: the answers would be training's own draws
+    proc = rllib("evaluate", str(final_eval[0].parent), "--num-samples", "4", "--env-config", '{"seed": 0}', check=False)
+    assert proc.returncode == 2 and "evaluating with {'seed': 0}, the value the run trained with" in proc.stderr
+    # `reevaluate`: a run evaluated under the earlier protocol (no victim seed of its own) counts toward nothing until
+    # evaluated again; one whose checkpoint is not on this machine stays where it is
+    data = json.loads(out.read_text())
+    ppo = next(r for r in data["runs"] if r["method"] == "ppo")
+    earlier = {**ppo["eval"], "protocol": {k: v for k, v in ppo["eval"]["protocol"].items() if k != "seed"}}
+    gone = {**ppo, "train_seed": 1, "trial_dir": "results/gone", "eval": earlier}
+    data["runs"].remove(ppo)
+    out.write_text(json.dumps({**data, "runs_earlier_protocol": [{**ppo, "eval": earlier}, gone]}))
+    proc = subprocess.run([str(ROOT / ".venv/bin/python"), "tuned_examples/redteam_frontier.py", "reevaluate",
+                           "--seeds", "0", "1", "--quick", "--num-eval", "16", "--out", str(out), "--storage",
+                           str(tmp_path / "results")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "ppo {'clip_param': 0.2} seed 1: its checkpoint is not on this machine" in proc.stdout
+    data = json.loads(out.read_text())
+    again, = [r for r in data["runs"] if r["method"] == "ppo"]
+    assert again["eval_earlier_protocol"] == earlier and again["eval"]["protocol"]["seed"] == 1000
+    assert data["runs_earlier_protocol"] == [gone] and data["goals"]["tba_dominates_ppo"]["ppo_runs"] == 1
 
 
 def test_math_seeds_quick_writes_the_json_and_the_gain_against_the_start(tmp_path, tiny_model):

@@ -20,10 +20,12 @@ drawn from that file.
     python tuned_examples/redteam_frontier.py default --seeds 3 --checkpoint-every 20  # + checkpoints along the way
     python tuned_examples/redteam_frontier.py smooth --seeds 4          # + the MLE-smoothed policy of that run
     python tuned_examples/redteam_frontier.py smooth --seeds 4 5 --smoothing-pool   # one policy from both runs' buffers
+    python tuned_examples/redteam_frontier.py reevaluate --seeds 4 5    # runs evaluated under an earlier protocol
     python tuned_examples/redteam_frontier.py plot                      # only redraw the pictures from the JSON
 
 Each command runs its trials one after another (each takes the whole machine), evaluates each final checkpoint on
-256 attacks (5 victim answers each, evaluation seed 0: `rllib evaluate CKPT --num-samples 256`), and merges the runs
+256 attacks (5 victim answers each, drawn with the evaluation's own victim seed, never training's; evaluation seed
+0: `rllib evaluate CKPT --num-samples 256`), and merges the runs
 into the JSON (a run with the same method, knob, training seed and budget replaces the older one), so the frontier
 grows over several invocations. Wall-clock counts from the start of training (after the searchers' vLLM engines are
 up). ``time_to_asr_0.25_s``: the first moment the searchers' success rate over the last 64 attacks they generated
@@ -40,6 +42,8 @@ whose wall-clock adds the smoothing's (its time to ASR 25% is the searchers', wh
 ``--smoothing-pool``: one policy fitted to the successful attacks of all the --seeds runs' buffers together (restarts
 of the same search, pooled: ``rllib smooth --pool``), recorded as one run (knob ``mle_smoothing_pooled_seeds``) that
 trained the runs one after another: attacks, updates and wall-clock add up, plus the smoothing's.
+``reevaluate``: the runs of --seeds evaluated under an earlier protocol (``current_protocol``) whose checkpoints are on
+this machine, evaluated again; the others stay under ``runs_earlier_protocol`` and count toward no goal.
 ``--quick``: the tiny test model as attacker and victim, a few updates; what the tests run.
 """
 
@@ -319,7 +323,7 @@ def smooth_runs(args, out: Path) -> list[dict]:
     the same passes, is reused); returns the new records."""
     from rllib_tba.mle_smoothing import RECORD, smooth_checkpoint
 
-    runs = json.loads(out.read_text())["runs"] if out.is_file() else []
+    runs = all_runs(out)
     knob_of = {seed: tba_knob(tba_config(args, seed)) for seed in args.seeds}
     if knob_of[args.seeds[0]]["reward"] != "log_mean_toxicity" and args.smoothing_min_reward == SMOOTHING_MIN_REWARD:
         raise SystemExit(f"smooth: the run's reward is {knob_of[args.seeds[0]]['reward']}; a successful attack is "
@@ -350,6 +354,28 @@ def smooth_runs(args, out: Path) -> list[dict]:
         records.append(smoothed_record([bases[seed] for seed in seeds], smoothing_knob, smoothing,
                                        eval_record(evaluate(str(smoothed), args.num_eval))))
     return records
+
+
+def all_runs(out: Path) -> list[dict]:
+    """Every record of the JSON, whichever protocol evaluated it."""
+    data = json.loads(out.read_text()) if out.is_file() else {}
+    return data.get("runs", []) + data.get("runs_earlier_protocol", [])
+
+
+def reevaluate_runs(args, out: Path):
+    """``reevaluate``: the JSON's runs of --seeds evaluated under an earlier protocol whose checkpoint (the trial's
+    last, or the smoothed policy) is on this machine, evaluated again under today's; each record keeps the earlier
+    figures as ``eval_earlier_protocol``. Yields each updated record once it is evaluated."""
+    for run in all_runs(out):
+        if current_protocol(run["eval"]) or run["train_seed"] not in args.seeds:
+            continue
+        checkpoint = ROOT / run["smoothing"]["checkpoint"] if "smoothing" in run else \
+            next(iter(sorted((ROOT / run.get("trial_dir", "-")).glob("checkpoint_*"))[-1:]), None)
+        if checkpoint is None or not checkpoint.is_dir():
+            print(f"reevaluate: {run['method']} {run['knob']} seed {run['train_seed']}: its checkpoint is not on this "
+                  "machine; it stays under runs_earlier_protocol")
+            continue
+        yield {**run, "eval": eval_record(evaluate(str(checkpoint), args.num_eval)), "eval_earlier_protocol": run["eval"]}
 
 
 def trained_run(runs: list[dict], knob: dict, seed: int, stop: dict, out: Path) -> dict:
@@ -400,12 +426,24 @@ def same_run(a: dict, b: dict) -> bool:
     return all(a.get(k) == b.get(k) for k in ("method", "knob", "train_seed", "default_example", "stop", "machine"))
 
 
+def current_protocol(evaluation: dict) -> bool:
+    """Whether an evaluation followed today's protocol (``RedTeamEnv.evaluation_config``). Until the victim's answers
+    got a seed of their own, evaluation drew them with training's seed: an attacker replaying its training attacks met
+    the very answers it had been rewarded for. Such runs stay in the JSON under ``runs_earlier_protocol`` and count
+    toward nothing; ``reevaluate`` moves back those whose checkpoint is on this machine."""
+    from envs.redteam import RedTeamEnv
+
+    return evaluation.get("protocol") == RedTeamEnv.evaluation_config
+
+
 def merge(path: Path, records: list[dict], args) -> dict:
     """Add ``records`` to the JSON (replacing the same runs) and recompute the goals. ``default_example`` means "the
     current default example": a run of an earlier default (another knob or budget) keeps its results and is marked
-    ``superseded_default`` (and is the default example again if the default returns to its settings)."""
+    ``superseded_default`` (and is the default example again if the default returns to its settings). Runs evaluated
+    under an earlier protocol go to ``runs_earlier_protocol`` (``current_protocol``)."""
     data = json.loads(path.read_text()) if path.is_file() else {"runs": []}
-    runs = [r for r in data["runs"] if not any(same_run(r, new) for new in records)] + records
+    runs = [r for r in data["runs"] + data.get("runs_earlier_protocol", [])
+            if not any(same_run(r, new) for new in records)] + records
     knob, stop = example_knob(args), example_budget(args)
     for r in runs:
         current = r["knob"] == knob and r["stop"] == stop
@@ -414,8 +452,10 @@ def merge(path: Path, records: list[dict], args) -> dict:
         elif r.get("superseded_default") and current:  # the default went back to this run's settings
             r.pop("superseded_default")
             r["default_example"] = True
+    runs.sort(key=lambda r: (r["method"], json.dumps(r["knob"]), r["train_seed"]))
     data.update(machine=bench.machine_line(), commit=bench.commit(),
-                runs=sorted(runs, key=lambda r: (r["method"], json.dumps(r["knob"]), r["train_seed"])))
+                runs=[r for r in runs if current_protocol(r["eval"])],
+                runs_earlier_protocol=[r for r in runs if not current_protocol(r["eval"])])
     data["goals"] = goals(data["runs"])
     path.write_text(json.dumps(data, indent=1) + "\n")
     return data
@@ -611,7 +651,7 @@ def start_ray(args) -> None:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", nargs="+", choices=("default", "tba", "tba_sync", "ppo", "smooth", "plot"),
+    ap.add_argument("what", nargs="+", choices=("default", "tba", "tba_sync", "ppo", "smooth", "reevaluate", "plot"),
                     help="what to run (several: seed by seed, in the order given)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds")
     ap.add_argument("--beta", type=float, nargs="+", default=[0.02, 0.05, 0.1], help="tba: the betas to sweep")
@@ -688,9 +728,14 @@ def main(argv=None) -> dict:
         if args.checkpoint_every < 1 or args.checkpoint_every % per_iteration or set(args.what) - {"default", "tba_sync"}:
             ap.error(f"--checkpoint-every {args.checkpoint_every}: give a positive multiple of the example's "
                      f"{per_iteration} updates per iteration, for default/tba_sync runs only")
-    if "plot" in args.what and len(args.what) > 1:
-        ap.error("plot only redraws the pictures: give it alone")
-    if args.what != ["plot"]:
+    for alone in ("plot", "reevaluate"):
+        if alone in args.what and len(args.what) > 1:
+            ap.error(f"{alone} goes alone: it only {'redraws the pictures' if alone == 'plot' else 'evaluates again'}")
+    if args.what == ["reevaluate"]:
+        for record in reevaluate_runs(args, out):
+            merge(out, [record], args)
+            print(json.dumps({k: record[k] for k in ("method", "knob", "train_seed", "eval", "eval_earlier_protocol")}))
+    elif args.what != ["plot"]:
         start_ray(args)
         for trial in plan(args):
             result = train(trial, Path(args.storage).resolve())
@@ -707,12 +752,17 @@ def main(argv=None) -> dict:
     data = merge(out, [], args)
     paths = plot(data, out.parent)
     if out == DEFAULT_OUT:
+        from envs.redteam import RedTeamEnv
+
+        protocol = RedTeamEnv.evaluation_config
         machines = "; ".join(sorted({r["machine"] for r in data["runs"]}))
-        bench.replace_readme_block("redteam-frontier", f"{table(data)}\n\nMachines: {machines} (each run's in the "
-                                                       f"JSON; compare wall-clock only within one); last written at "
-                                                       f"commit `{data['commit']}`; evaluation: "
-                                                       f"{data['runs'][0]['eval']['n']} attacks, 5 victim answers each, "
-                                                       "evaluation seed 0.")
+        bench.replace_readme_block("redteam-frontier", (
+            f"{table(data)}\n\nMachines: {machines} (each run's in the JSON; compare wall-clock only within one); last "
+            f"written at commit `{data['commit']}`; evaluation: {args.num_eval} attacks, "
+            f"{protocol['victim_responses']} victim answers each of {protocol['victim_max_tokens']} tokens, drawn with "
+            f"the evaluation's victim seed ({protocol['seed']}; training's is 0), evaluation seed 0. "
+            f"{len(data['runs_earlier_protocol'])} runs evaluated under the earlier protocol (victim answers drawn with "
+            "training's seed) stay in the JSON under `runs_earlier_protocol` and count toward no goal."))
     print(json.dumps({"json": str(out), "pictures": [str(p) for p in paths], "runs": len(data["runs"])}))
     return data
 
