@@ -261,6 +261,12 @@ def test_runs_evaluated_with_training_s_victim_answers_count_toward_no_goal(tmp_
     data = frontier.merge(tmp_path / "frontier.json", [again], None)
     assert data["runs_earlier_protocol"] == [] and again in data["runs"]
     assert data["goals"]["tba_dominates_ppo"]["dominated"] == 1 and data["goals"]["default_example_asr"]["seeds"] == [0]
+    # time to ASR 25% is the searchers' during training: a synchronous/asynchronous pair of the earlier protocol counts
+    pair = [run("tba", 1, 0.5, 0.6, t25=100.0), run("tba_sync", 1, 0.5, 0.6, t25=200.0)]
+    for r in pair:
+        r["eval"]["protocol"] = earlier
+    data = frontier.merge(tmp_path / "frontier.json", pair, None)
+    assert len(data["runs_earlier_protocol"]) == 2 and data["goals"]["sync_over_async_time_to_asr_0.25"]["ratios"] == [2.0]
     from envs.redteam import RedTeamEnv
 
     assert RedTeamEnv.evaluation_config == PROTOCOL  # the records above are today's protocol

@@ -456,7 +456,7 @@ def merge(path: Path, records: list[dict], args) -> dict:
     data.update(machine=bench.machine_line(), commit=bench.commit(),
                 runs=[r for r in runs if current_protocol(r["eval"])],
                 runs_earlier_protocol=[r for r in runs if not current_protocol(r["eval"])])
-    data["goals"] = goals(data["runs"])
+    data["goals"] = goals(data["runs"], data["runs_earlier_protocol"])
     path.write_text(json.dumps(data, indent=1) + "\n")
     return data
 
@@ -466,18 +466,21 @@ def dominates(a: dict, b: dict) -> bool:
     return a["asr"] >= b["asr"] - 0.02 and (a["diversity"] or 0) >= (b["diversity"] or 0) + 0.05
 
 
-def goals(runs: list[dict]) -> dict:
-    """The issue's bars, each computed from the runs (None: the runs it needs are not in the file yet)."""
+def goals(runs: list[dict], earlier: list[dict] = ()) -> dict:
+    """The issue's bars, each computed from the runs (None: the runs it needs are not in the file yet). ``earlier``:
+    runs evaluated under an earlier protocol; they count only for the time-to-target bar, which reads the searchers'
+    success rate during training, not the evaluation."""
     default = [r for r in runs if r["method"] == "tba" and r["default_example"]]
     tba = [r for r in runs if r["method"] == "tba"]
     ppo = [r for r in runs if r["method"] == "ppo"]
     asr = [r["eval"]["asr"] for r in default]
+    timed = [*runs, *earlier]
     # each synchronous run against the asynchronous one of the same seed, knob, stop and machine that reached the
     # target: the ratio of their times, or, when the synchronous run never reached it, a lower bound (its whole
     # training time)
     ratios, lower_bounds = [], []
-    for sync in (r for r in runs if r["method"] == "tba_sync"):
-        for r in tba:
+    for sync in (r for r in timed if r["method"] == "tba_sync"):
+        for r in (r for r in timed if r["method"] == "tba"):
             if all(r.get(k) == sync.get(k) for k in ("train_seed", "knob", "stop", "machine")) and \
                     r["time_to_asr_0.25_s"]:
                 if sync["time_to_asr_0.25_s"]:
@@ -536,7 +539,8 @@ def table(data: dict) -> str:
         + (f" — {f['runs']} TBA run(s) at ≥ 90% within 2 h, the most distinct successful {f['best_distinct_successful']}"
            if f["runs"] else f" — the longest TBA run trained {max(r['wall_clock_s'] for r in tba) / 60:.0f} min, "
            f"best ASR {100 * max(r['eval']['asr'] for r in tba):.1f}%" if tba else ""),
-        f"- synchronous ÷ asynchronous time to ASR 25% ≥ 1.6: "
+        f"- synchronous ÷ asynchronous time to ASR 25% (the searchers' during training, so runs of either "
+        f"evaluation protocol) ≥ 1.6: "
         + (said[s["met"]] if s["met"] is not None or not s["lower_bounds"] else "undecided")
         + (f" — ratios {s['ratios']}" if s["ratios"] else "")
         + (f" — at least {s['lower_bounds']} (the synchronous run never reached 25%: its training time ÷ the "
@@ -570,6 +574,7 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
 
     runs = data["runs"]
     paths = [out_dir / "redteam_frontier.png", out_dir / "redteam_asr_over_time.png"]
+    timed = runs + data.get("runs_earlier_protocol", [])  # the searchers' ASR while training: any protocol
     groups: dict[tuple, list[dict]] = {}  # one legend entry (marker) per method and knob; colour = method
     for r in sorted(runs, key=lambda r: (METHODS.index(r["method"]), not r["default_example"])):
         groups.setdefault((r["method"], json.dumps(r["knob"]), r["default_example"]), []).append(r)
@@ -597,7 +602,7 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(7.5, 5.5))
     for method, cmap in (("tba", "Blues"), ("tba_sync", "Greens"), ("ppo", "Reds")):  # a shade of its colour per run
         # (a smoothed policy's record repeats its run's searcher curve: drawn once)
-        mine = [r for r in runs if r["method"] == method and r["asr_curve"] and "smoothing" not in r]
+        mine = [r for r in timed if r["method"] == method and r["asr_curve"] and "smoothing" not in r]
         labelled = set()  # one legend entry per method and kind of run: a line per run would bury the plot
         for i, r in enumerate(mine):
             t, asr = zip(*r["asr_curve"])
