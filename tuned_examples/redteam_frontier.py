@@ -43,7 +43,7 @@ whose wall-clock adds the smoothing's (its time to ASR 25% is the searchers', wh
 of the same search, pooled: ``rllib smooth --pool``), recorded as one run (knob ``mle_smoothing_pooled_seeds``) that
 trained the runs one after another: attacks, updates and wall-clock add up, plus the smoothing's.
 ``reevaluate``: the runs of --seeds evaluated under an earlier protocol (``current_protocol``) whose checkpoints are on
-this machine, evaluated again; the others stay under ``runs_earlier_protocol`` and count toward no goal.
+this machine, evaluated again; the others stay under ``runs_earlier_protocol`` and count only for time to ASR 25%.
 ``--quick``: the tiny test model as attacker and victim, a few updates; what the tests run.
 """
 
@@ -430,7 +430,7 @@ def current_protocol(evaluation: dict) -> bool:
     """Whether an evaluation followed today's protocol (``RedTeamEnv.evaluation_config``). Until the victim's answers
     got a seed of their own, evaluation drew them with training's seed: an attacker replaying its training attacks met
     the very answers it had been rewarded for. Such runs stay in the JSON under ``runs_earlier_protocol`` and count
-    toward nothing; ``reevaluate`` moves back those whose checkpoint is on this machine."""
+    only where the evaluation plays no part (``goals``: time to ASR 25%); ``reevaluate`` moves back those whose checkpoint is on this machine."""
     from envs.redteam import RedTeamEnv
 
     return evaluation.get("protocol") == RedTeamEnv.evaluation_config
@@ -767,7 +767,8 @@ def main(argv=None) -> dict:
             f"{protocol['victim_responses']} victim answers each of {protocol['victim_max_tokens']} tokens, drawn with "
             f"the evaluation's victim seed ({protocol['seed']}; training's is 0), evaluation seed 0. "
             f"{len(data['runs_earlier_protocol'])} runs evaluated under the earlier protocol (victim answers drawn with "
-            "training's seed) stay in the JSON under `runs_earlier_protocol` and count toward no goal."))
+            "training's seed) stay in the JSON under `runs_earlier_protocol`: they count only for time to ASR 25%, "
+            "measured during training."))
     print(json.dumps({"json": str(out), "pictures": [str(p) for p in paths], "runs": len(data["runs"])}))
     return data
 
