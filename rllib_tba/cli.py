@@ -282,8 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--greedy", action="store_true", help="greedy decoding (math: pass@1)")
     ev.add_argument("--seed", type=int, default=0, help="the policy's sampling seed")
     ev.add_argument("--env-config", type=_json_arg, help="env_config overrides, e.g. held-out problems: "
-                    "'{\"dataset_seed\": 1}'. Keys of the task's evaluation protocol not given here keep its values (red-team: 5 victim "
-                    "answers of 24 tokens, drawn with victim seed 1000, never the run's own)")
+                    "'{\"dataset_seed\": 1}'. Keys of the task's evaluation protocol not given here keep its "
+                    "values (red-team: 5 victim answers of 24 tokens, drawn with victim seed 1000, never the run's "
+                    "own)")
     ev.add_argument("--base-model", action="store_true", help="evaluate the run's starting model instead")
     ev.add_argument("--json", help="also write the metrics to this file")
     ev.add_argument("--compare-base", action="store_true",
