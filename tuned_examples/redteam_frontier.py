@@ -430,7 +430,8 @@ def current_protocol(evaluation: dict) -> bool:
     """Whether an evaluation followed today's protocol (``RedTeamEnv.evaluation_config``). Until the victim's answers
     got a seed of their own, evaluation drew them with training's seed: an attacker replaying its training attacks met
     the very answers it had been rewarded for. Such runs stay in the JSON under ``runs_earlier_protocol`` and count
-    only where the evaluation plays no part (``goals``: time to ASR 25%); ``reevaluate`` moves back those whose checkpoint is on this machine."""
+    only where the evaluation plays no part (``goals``: time to ASR 25%); ``reevaluate`` moves back those whose
+    checkpoint is on this machine."""
     from envs.redteam import RedTeamEnv
 
     return evaluation.get("protocol") == RedTeamEnv.evaluation_config
@@ -765,7 +766,8 @@ def main(argv=None) -> dict:
             f"{table(data)}\n\nMachines: {machines} (each run's in the JSON; compare wall-clock only within one); last "
             f"written at commit `{data['commit']}`; evaluation: {args.num_eval} attacks, "
             f"{protocol['victim_responses']} victim answers each of {protocol['victim_max_tokens']} tokens, drawn with "
-            f"the evaluation's victim seed ({protocol['seed']}; training's is 0), evaluation seed 0. "
+            f"the evaluation's victim seed ({protocol['seed']}; training's is the env seed, "
+            f"{RedTeamEnv.default_config['seed']} by default), evaluation seed 0. "
             f"{len(data['runs_earlier_protocol'])} runs evaluated under the earlier protocol (victim answers drawn with "
             "training's seed) stay in the JSON under `runs_earlier_protocol`: they count only for time to ASR 25%, "
             "measured during training."))
