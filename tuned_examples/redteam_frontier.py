@@ -369,8 +369,7 @@ def reevaluate_runs(args, out: Path):
     for run in all_runs(out):
         if current_protocol(run["eval"]) or run["train_seed"] not in args.seeds:
             continue
-        checkpoint = ROOT / run["smoothing"]["checkpoint"] if "smoothing" in run else \
-            next(iter(sorted((ROOT / run.get("trial_dir", "-")).glob("checkpoint_*"))[-1:]), None)
+        checkpoint = ROOT / run["smoothing"]["checkpoint"] if "smoothing" in run else last_checkpoint(run)
         if checkpoint is None or not checkpoint.is_dir():
             print(f"reevaluate: {run['method']} {run['knob']} seed {run['train_seed']}: its checkpoint is not on this "
                   "machine; it stays under runs_earlier_protocol")
@@ -388,13 +387,19 @@ def trained_run(runs: list[dict], knob: dict, seed: int, stop: dict, out: Path) 
     return base[-1]
 
 
+def last_checkpoint(run: dict) -> Path | None:
+    """The last checkpoint of a run's trial on this machine (None: none is here)."""
+    checkpoints = sorted((ROOT / run.get("trial_dir", "-")).glob("checkpoint_*"))
+    return checkpoints[-1] if checkpoints else None
+
+
 def final_checkpoint(run: dict) -> Path:
-    """The last checkpoint of a run's trial on this machine."""
-    checkpoints = sorted((ROOT / run["trial_dir"]).glob("checkpoint_*"))
-    if not checkpoints:
+    """The last checkpoint of a run's trial on this machine; exits if none is here (``smooth`` needs it)."""
+    checkpoint = last_checkpoint(run)
+    if checkpoint is None:
         raise SystemExit(f"smooth: no checkpoint in {ROOT / run['trial_dir']} (the run's results are not on this "
                          "machine)")
-    return checkpoints[-1]
+    return checkpoint
 
 
 def smoothed_record(bases: list[dict], smoothing_knob: dict, smoothing: dict, evaluation: dict) -> dict:
