@@ -204,17 +204,17 @@ def test_reward_beyond_attack_option_makes_variants_of_both_methods():
 
 
 @pytest.mark.parametrize("option, value, in_config, in_knob", [
-    ("share_prompt_forward", True, True, True), ("learn_log_z", True, True, True),
+    ("share_prompt_forward", True, True, True), ("learn_log_z", True, True, True), ("lr", 2e-3, 2e-3, 2e-3),
     ("reward_inv_temp", 0.5, 0.5, 0.5), ("near_duplicate_jaccard", 0.5, 0.5, 0.5),
     ("beta_schedule", [(0, 0.05), (220, 0.05), (260, 0.1)], ((0, 0.05), (220, 0.05), (260, 0.1)),
      [[0, 0.05], [220, 0.05], [260, 0.1]]),
     ("reward_temperature_schedule", [(0, 2.0), (100, 1.0)], ((0, 2.0), (100, 1.0)), [[0, 2.0], [100, 1.0]])])
 def test_a_learner_option_makes_a_variant_of_the_default(option, value, in_config, in_knob):
-    """--share-prompt-forward (the learner's shared prompt forward), --learn-log-z (a learned logZ head instead of
-    VarGrad), --replay-inv-temp (replay prioritisation), --near-duplicate-jaccard (replay spread over near-duplicate
-    clusters), --beta-schedule (beta over learner updates) and --reward-temperature-schedule (Lee et al.'s tau over
-    learner updates): the default example's settings and budget with that
-    option; the knob says so (a run of its own, not the default example, which was validated without it)."""
+    """--lr (the learner's learning rate), --share-prompt-forward (the learner's shared prompt forward), --learn-log-z
+    (a learned logZ head instead of VarGrad), --replay-inv-temp (replay prioritisation), --near-duplicate-jaccard
+    (replay spread over near-duplicate clusters), --beta-schedule (beta over learner updates) and
+    --reward-temperature-schedule (Lee et al.'s tau over learner updates): the default example's settings and budget
+    with that option; the knob says so (a run of its own, not the default example, which was validated without it)."""
     args = frontier.argparse.Namespace(until_target=False, quick=True, what=["default", "tba_sync"], seeds=[0],
                                        beta=[0.05], clip=[0.2], attacks=64, **{option: value})
     trials = frontier.plan(args)
@@ -291,7 +291,8 @@ def test_machine_name_tells_apart_hosts_that_report_a_bare_family_name():
     assert frontier.short_machine({"machine": "AMD EPYC, 2 CPUs, no GPU"}) == "AMD EPYC"
 
 
-@pytest.mark.parametrize("argv", [["--replay-inv-temp", "-1"], ["--near-duplicate-jaccard", "0"],
+@pytest.mark.parametrize("argv", [["--lr", "0"], ["--lr", "-1e-3"], ["--replay-inv-temp", "-1"],
+                                  ["--near-duplicate-jaccard", "0"],
                                   ["--near-duplicate-jaccard", "1.5"], ["--beta-schedule", "0:0.05", "220"],
                                   ["--beta-schedule", "0:0.05", "220:-0.1"], ["--beta-schedule", "0:0.05", "x:0.1"],
                                   ["--beta-schedule", "10:0.05"], ["--beta-schedule", "0:0.05", "220:0.1", "200:0.1"],

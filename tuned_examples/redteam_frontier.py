@@ -13,6 +13,7 @@ drawn from that file.
     python tuned_examples/redteam_frontier.py default --seeds 0 --share-prompt-forward  # the learner's cheaper forward
     python tuned_examples/redteam_frontier.py default --seeds 0 --learn-log-z  # a learned logZ head, not VarGrad
     python tuned_examples/redteam_frontier.py default --seeds 0 --replay-inv-temp 0  # uniform, not reward-prioritised
+    python tuned_examples/redteam_frontier.py default --seeds 6 --lr 2e-3  # the learner's step size (LoRA, Adam)
     python tuned_examples/redteam_frontier.py default --seeds 0 --near-duplicate-jaccard 0.5  # replay spread over modes
     python tuned_examples/redteam_frontier.py default --seeds 0 --updates 320 --beta-schedule 0:0.05 220:0.05 260:0.1
                                                                         # beta raised after the default's 220 updates
@@ -83,6 +84,7 @@ DEFAULT_OUT = ROOT / "benchmarks" / "redteam_frontier.json"
 # before the option existed: those runs had exploration_temperature None, reward_inv_temp 1.0, each sample's prompt
 # run (no share_prompt_forward), VarGrad (no learn_log_z) and no near-duplicate spreading.
 LEARNER_OPTIONS = {
+    "lr": lambda value: False,  # every knob names lr already
     "exploration_temperature": lambda value: value is not None,
     "reward_inv_temp": lambda value: value != 1.0,
     "share_prompt_forward": bool,
@@ -688,6 +690,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--learn-log-z", action="store_true",
                     help="TBA runs: learn logZ(x) with its own head and learning rate (learn_log_z=True, Lee et al.'s "
                          "red-team variant) instead of VarGrad's per-prompt batch estimate: a variant, not the default")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="TBA runs: the learner's learning rate (the default example uses 1e-3): a variant, not the "
+                         "default")
     ap.add_argument("--replay-inv-temp", dest="reward_inv_temp", type=float, default=None, metavar="INV_TEMP",
                     help="TBA runs: off-policy replay draws with probability softmax(INV_TEMP * reward) (the "
                          "default example uses 2.0; 0 = uniform replay): a variant, not the default")
@@ -726,6 +731,8 @@ def main(argv=None) -> dict:
     if args.updates is not None and (args.updates < 1 or args.until_target):
         ap.error(f"--updates {args.updates}: give a number of learner updates >= 1, and not with --until-target "
                  "(that stops at the target or --max-updates)")
+    if args.lr is not None and not 0 < args.lr < 1:
+        ap.error(f"--lr {args.lr}: give a learning rate in (0, 1)")
     if args.reward_inv_temp is not None and not args.reward_inv_temp >= 0:
         ap.error(f"--replay-inv-temp {args.reward_inv_temp}: give an inverse temperature >= 0 (0 = uniform replay)")
     if args.near_duplicate_jaccard is not None and not 0 < args.near_duplicate_jaccard <= 1:
