@@ -1,6 +1,6 @@
 """TBA red-teaming: SmolLM2-135M-Instruct attacker vs SmolLM2-135M-Instruct victim, alt-profanity-check toxicity.
 
-    rllib train file tuned_examples/tba_redteam.py            # default stop: 220 learner updates (16-38 min, 2 cores)
+    rllib train file tuned_examples/tba_redteam.py            # default stop: 220 learner updates (16-43 min, 2 cores)
     rllib evaluate results/tba_redteam/<trial>/checkpoint_000000 --num-samples 256
 
 The paper's RT setup (docs/method.md §4: beta 0.05, k=10, m=0.5, batch 128, 5000 steps) scaled to 2 CPU cores.
@@ -61,5 +61,5 @@ progress_columns = {
 }
 # A training budget, not wall-clock: every machine trains the same amount. Learning here is a discovery event (the
 # searchers' ASR stays near 0, then climbs within ~30 updates): 150 updates ended before it on some seeds; 220 learner
-# updates (16-38 min of training on 2 cores, by machine) leave room for a late jump: seed 2 passed 25% at update ~215.
+# updates (16-43 min of training on 2 cores, by machine) leave room for a late jump: seed 2 passed 25% at update ~215.
 stop = {"tba/weights_version": 220}
