@@ -60,6 +60,22 @@ from rllib_tba.hf_rl_module import LM_PREFIX
 
 logger = logging.getLogger(__name__)
 
+
+class _RotaryCacheNotInWeights(logging.Filter):
+    """Drops the one warning vLLM's in-place ``reload_weights`` logs at every weight sync, "RotaryEmbedding: Failed
+    to load weights": the rotary cos/sin cache is a buffer vLLM computes at start-up, never part of a checkpoint or
+    of the learner's state, and the reload puts the engine's own copy back (the sampler's log-probs equal the
+    learner's after a sync: tests/test_tba.py). The same for vLLM's rotary variants (Llama-3's, YaRN, ...); a sync
+    that fails to load any other layer still warns."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        layer = record.args[0] if isinstance(record.args, tuple) and len(record.args) == 1 else None
+        return not (record.msg == "%s: Failed to load weights" and isinstance(layer, str)
+                    and layer.endswith("RotaryEmbedding"))  # Llama3RotaryEmbedding, YaRNScalingRotaryEmbedding, ...
+
+
+logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_RotaryCacheNotInWeights())
+
 WEIGHTS_VERSION = "weights_version"
 ACTION_LOGP = "action_logp"
 

@@ -180,6 +180,52 @@ def test_vllm_and_learner_logprobs_agree_after_sync(ray_session):
         algo.stop()
 
 
+def test_a_weight_reload_logs_no_rotary_cache_warning(tiny_model):
+    """vLLM's in-place reload_weights (a searcher's weight sync) warns "RotaryEmbedding: Failed to load weights" at
+    every sync, as the rotary cos/sin cache is in no weights; the searcher drops that one line (the log-probs after a
+    sync are right: the test above), and only it."""
+    import logging
+
+    from transformers import AutoModelForCausalLM
+
+    from envs.llm_runtime import get_engine
+    from rllib_tba.vllm_env_runner import _RotaryCacheNotInWeights
+
+    class Records(logging.Handler):  # sees what passes the logger's own filters, as vLLM's console handler does
+        def __init__(self):
+            super().__init__()
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    engine = get_engine(tiny_model, dtype="float32", seed=0, max_model_len=64)
+    weights = list(AutoModelForCausalLM.from_pretrained(tiny_model).state_dict().items())
+    records, reload_logger = Records(), logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    reload_logger.addHandler(records)
+    try:
+        engine.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        assert records.messages == []
+        (ours,) = [f for f in reload_logger.filters if isinstance(f, _RotaryCacheNotInWeights)]
+        reload_logger.removeFilter(ours)  # without it, the line is there: the check above can fail
+        try:
+            engine.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        finally:
+            reload_logger.addFilter(ours)
+        assert records.messages == ["RotaryEmbedding: Failed to load weights"]
+    finally:
+        reload_logger.removeHandler(records)
+
+    keep = _RotaryCacheNotInWeights().filter
+
+    def record(msg, *args):
+        return logging.LogRecord("vllm", logging.WARNING, __file__, 1, msg, args, None)
+
+    assert not keep(record("%s: Failed to load weights", "Llama3RotaryEmbedding"))
+    assert keep(record("%s: Failed to load weights", "QKVParallelLinear"))  # a layer that really failed still warns
+    assert keep(record("%s: Delayed processing", "RotaryEmbedding")) and keep(record("no arguments"))
+
+
 def test_async_learner_updates_while_generation_is_in_flight(ray_session):
     config = tldr_config(updates_per_iteration=4, training_intensity=2.0).env_runners(num_env_runners=1)
     algo = config.build_algo()
