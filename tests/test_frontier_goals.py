@@ -208,12 +208,14 @@ def test_reward_beyond_attack_option_makes_variants_of_both_methods():
     ("reward_inv_temp", 0.5, 0.5, 0.5), ("near_duplicate_jaccard", 0.5, 0.5, 0.5),
     ("beta_schedule", [(0, 0.05), (220, 0.05), (260, 0.1)], ((0, 0.05), (220, 0.05), (260, 0.1)),
      [[0, 0.05], [220, 0.05], [260, 0.1]]),
-    ("reward_temperature_schedule", [(0, 2.0), (100, 1.0)], ((0, 2.0), (100, 1.0)), [[0, 2.0], [100, 1.0]])])
+    ("reward_temperature_schedule", [(0, 2.0), (100, 1.0)], ((0, 2.0), (100, 1.0)), [[0, 2.0], [100, 1.0]]),
+    ("training_intensity", 1.6, 1.6, 1.6)])
 def test_a_learner_option_makes_a_variant_of_the_default(option, value, in_config, in_knob):
     """--lr (the learner's learning rate), --share-prompt-forward (the learner's shared prompt forward), --learn-log-z
     (a learned logZ head instead of VarGrad), --replay-inv-temp (replay prioritisation), --near-duplicate-jaccard
     (replay spread over near-duplicate clusters), --beta-schedule (beta over learner updates) and
-    --reward-temperature-schedule (Lee et al.'s tau over learner updates): the default example's settings and budget
+    --reward-temperature-schedule (Lee et al.'s tau over learner updates) and --training-intensity (the learner waits
+    for new attacks): the default example's settings and budget
     with that option; the knob says so (a run of its own, not the default example, which was validated without it)."""
     args = frontier.argparse.Namespace(until_target=False, quick=True, what=["default", "tba_sync"], seeds=[0],
                                        beta=[0.05], clip=[0.2], attacks=64, **{option: value})
@@ -298,7 +300,9 @@ def test_machine_name_tells_apart_hosts_that_report_a_bare_family_name():
                                   ["--beta-schedule", "10:0.05"], ["--beta-schedule", "0:0.05", "220:0.1", "200:0.1"],
                                   ["--reward-temperature-schedule", "0:2", "100:0"],
                                   ["--reward-temperature-schedule", "5:2"],
-                                  ["--checkpoint-every", "7"], ["--checkpoint-every", "0"]])
+                                  ["--checkpoint-every", "7"], ["--checkpoint-every", "0"],
+                                  ["--training-intensity", "0"], ["--training-intensity", "inf"],
+                                  ["--training-intensity", "nan"]])
 def test_a_learner_option_out_of_range_is_refused_before_anything_runs(argv, capsys):
     with pytest.raises(SystemExit):
         frontier.main(["default", "--quick", *argv])

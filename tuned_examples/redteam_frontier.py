@@ -82,7 +82,8 @@ DEFAULT_OUT = ROOT / "benchmarks" / "redteam_frontier.json"
 # The learner options a command may change on the default example (argparse dest = TBAConfig field; a run with any
 # of them set is a variant), each with when its value enters the run's knob. The rules keep the knob of every run made
 # before the option existed: those runs had exploration_temperature None, reward_inv_temp 1.0, each sample's prompt
-# run (no share_prompt_forward), VarGrad (no learn_log_z) and no near-duplicate spreading.
+# run (no share_prompt_forward), VarGrad (no learn_log_z), no near-duplicate spreading and a learner that never
+# waited for the searchers (training_intensity None).
 LEARNER_OPTIONS = {
     "lr": lambda value: False,  # every knob names lr already
     "exploration_temperature": lambda value: value is not None,
@@ -92,6 +93,7 @@ LEARNER_OPTIONS = {
     "near_duplicate_jaccard": bool,
     "beta_schedule": lambda value: value is not None,
     "reward_temperature_schedule": lambda value: value is not None,
+    "training_intensity": lambda value: value is not None,
 }
 TINY_ENV = {"model": "tiny-test", "victim": "tiny-test", "victim_dtype": "float32", "victim_responses": 2,
             "victim_max_tokens": 4, "max_new_tokens": 6}
@@ -708,6 +710,11 @@ def main(argv=None) -> dict:
                     help="TBA runs: Lee et al.'s reward temperature, log R = (r/beta + log pi_ref)/TAU, piecewise "
                          "linear over learner updates, e.g. 0:2 100:1 (reward_temperature_schedule; it must start at "
                          "update 0): a variant, not the default")
+    ap.add_argument("--training-intensity", type=float, default=None, metavar="RATIO",
+                    help="TBA runs: the learner waits for the searchers whenever (samples trained on) / (samples "
+                         "generated) would pass RATIO (training_intensity; the default example never waits). With "
+                         "16 samples per update, 1.6 means at least 10 new attacks per learner update on any machine: "
+                         "a variant, not the default")
     ap.add_argument("--checkpoint-every", type=int, default=None, metavar="UPDATES",
                     help="default/tba_sync: also checkpoint every UPDATES learner updates (a multiple of the "
                          "example's updates per iteration), for benchmarks/redteam_trajectory.py to evaluate; the "
@@ -735,6 +742,9 @@ def main(argv=None) -> dict:
         ap.error(f"--lr {args.lr}: give a learning rate in (0, 1)")
     if args.reward_inv_temp is not None and not args.reward_inv_temp >= 0:
         ap.error(f"--replay-inv-temp {args.reward_inv_temp}: give an inverse temperature >= 0 (0 = uniform replay)")
+    if args.training_intensity is not None and not 0 < args.training_intensity < math.inf:
+        ap.error(f"--training-intensity {args.training_intensity}: give a finite ratio > 0 (samples trained on per "
+                 "sample generated)")
     if args.near_duplicate_jaccard is not None and not 0 < args.near_duplicate_jaccard <= 1:
         ap.error(f"--near-duplicate-jaccard {args.near_duplicate_jaccard}: give a Jaccard threshold in (0, 1]")
     for flag, schedule, rule in (("--beta-schedule", args.beta_schedule, BETA_SCHEDULE_RULE),
