@@ -59,7 +59,9 @@ progress_columns = {
     "task/attack_success_rate": "ASR", "searchers/reward_mean": "reward", "task/diversity": "diversity",
     "tba/staleness_mean": "staleness",
 }
-# A training budget, not wall-clock: every machine trains the same amount. Learning here is a discovery event (the
-# searchers' ASR stays near 0, then climbs within ~30 updates): 150 updates ended before it on some seeds; 220 learner
-# updates (16-43 min of training on 2 cores, by machine) leave room for a late jump: seed 2 passed 25% at update ~215.
+# A training budget, not wall-clock: every machine makes the same number of learner updates (the searchers never
+# wait, so how many attacks those updates see varies with the machine: 6.8-13.7 per update on our 2-core VMs).
+# Learning here is a discovery event (the searchers' ASR stays near 0, then climbs within ~30 updates): 150 updates
+# ended before it on some seeds; 220 learner updates (16-43 min of training on 2 cores, by machine) leave room for a
+# late jump: seed 2 passed 25% at update ~215 (docs/redteam_findings.md has every run).
 stop = {"tba/weights_version": 220}
