@@ -204,15 +204,14 @@ def test_reward_beyond_attack_option_makes_variants_of_both_methods():
 
 
 @pytest.mark.parametrize("option, value, in_config, in_knob", [
-    ("share_prompt_forward", True, True, True), ("learn_log_z", True, True, True), ("lr", 2e-3, 2e-3, 2e-3),
+    ("learn_log_z", True, True, True), ("lr", 2e-3, 2e-3, 2e-3),
     ("reward_inv_temp", 0.5, 0.5, 0.5), ("near_duplicate_jaccard", 0.5, 0.5, 0.5),
     ("beta_schedule", [(0, 0.05), (220, 0.05), (260, 0.1)], ((0, 0.05), (220, 0.05), (260, 0.1)),
      [[0, 0.05], [220, 0.05], [260, 0.1]]),
     ("reward_temperature_schedule", [(0, 2.0), (100, 1.0)], ((0, 2.0), (100, 1.0)), [[0, 2.0], [100, 1.0]]),
     ("training_intensity", 1.6, 1.6, 1.6)])
 def test_a_learner_option_makes_a_variant_of_the_default(option, value, in_config, in_knob):
-    """--lr (the learner's learning rate), --share-prompt-forward (the learner's shared prompt forward), --learn-log-z
-    (a learned logZ head instead of VarGrad), --replay-inv-temp (replay prioritisation), --near-duplicate-jaccard
+    """--lr (the learner's learning rate), --learn-log-z (a learned logZ head instead of VarGrad), --replay-inv-temp (replay prioritisation), --near-duplicate-jaccard
     (replay spread over near-duplicate clusters), --beta-schedule (beta over learner updates) and
     --reward-temperature-schedule (Lee et al.'s tau over learner updates) and --training-intensity (the learner waits
     for new attacks): the default example's settings and budget
@@ -227,6 +226,21 @@ def test_a_learner_option_makes_a_variant_of_the_default(option, value, in_confi
     setattr(args, option, None)
     assert [t["default_example"] for t in frontier.plan(args)] == [True, True]
     assert frontier.example_knob(args).get(option) != value
+
+
+def test_no_shared_prompt_forward_makes_a_variant_of_the_default():
+    """The default example runs each distinct prompt once (share_prompt_forward); --no-share-prompt-forward runs every
+    sample's prompt: a variant whose knob lacks share_prompt_forward, as the runs made before the default had it."""
+    args = frontier.argparse.Namespace(until_target=False, quick=True, what=["default", "tba_sync"], seeds=[0],
+                                       beta=[0.05], clip=[0.2], attacks=64, share_prompt_forward=False)
+    default_knob = frontier.example_knob(args)
+    assert default_knob["share_prompt_forward"] is True and default_knob["training_intensity"] > 0
+    trials = frontier.plan(args)
+    assert [t["config"].share_prompt_forward for t in trials] == [False, False]
+    without = {k: v for k, v in default_knob.items() if k != "share_prompt_forward"}
+    assert [t["knob"] for t in trials] == [without] * 2 and not any(t["default_example"] for t in trials)
+    args.share_prompt_forward = None
+    assert [(t["config"].share_prompt_forward, t["default_example"]) for t in frontier.plan(args)] == [(True, True)] * 2
 
 
 def test_a_run_on_another_machine_is_kept_beside_its_twin(tmp_path, monkeypatch):

@@ -117,7 +117,7 @@ def tba_config(args, seed: int, sync: bool = False, beta=None):
         from tba_tiny import tiny_config
 
         config = tiny_config("tba/RedTeam-v0", dict(TINY_ENV), updates_per_iteration=5, training_intensity=1.0,
-                             seed=seed, share_prompt_forward=False)  # as the default example
+                             seed=seed, share_prompt_forward=True)  # as the default example
     else:
         from tba_redteam import config as default
 
@@ -126,7 +126,7 @@ def tba_config(args, seed: int, sync: bool = False, beta=None):
         config.training(beta=beta)
     for field in LEARNER_OPTIONS:  # the variant options this command was given (argparse dest = config field)
         value = getattr(args, field, None)
-        if value is not None and value is not False:
+        if value is not None:
             config.training(**{field: tuple(value) if isinstance(value, list) else value})
     return env_variant(config, args).training(async_mode=not sync)
 
@@ -686,9 +686,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--exploration-temperature", type=float, nargs=2, metavar=("LOW", "HIGH"),
                     help="TBA runs: searchers sample each attack at a temperature ~ U[LOW, HIGH] (the paper: 0.7 2.0); "
                          "runs of the default example with it are a variant, not the default")
-    ap.add_argument("--share-prompt-forward", action="store_true",
-                    help="TBA runs: the learner runs each distinct prompt once (share_prompt_forward=True; a cheaper "
-                         "update, so fewer attacks per update at the same budget in updates): a variant, not the default")
+    ap.add_argument("--share-prompt-forward", action=argparse.BooleanOptionalAction, default=None,
+                    help="TBA runs: whether the learner runs each distinct prompt once (share_prompt_forward; the "
+                         "default example does). --no-share-prompt-forward runs every sample's prompt (the same "
+                         "gradients at ~1.8x the compute): a variant, not the default")
     ap.add_argument("--learn-log-z", action="store_true",
                     help="TBA runs: learn logZ(x) with its own head and learning rate (learn_log_z=True, Lee et al.'s "
                          "red-team variant) instead of VarGrad's per-prompt batch estimate: a variant, not the default")
@@ -712,8 +713,8 @@ def main(argv=None) -> dict:
                          "update 0): a variant, not the default")
     ap.add_argument("--training-intensity", type=float, default=None, metavar="RATIO",
                     help="TBA runs: the learner waits for the searchers whenever (samples trained on) / (samples "
-                         "generated) would pass RATIO (training_intensity; the default example never waits). With "
-                         "16 samples per update, 1.6 means at least 10 new attacks per learner update on any machine: "
+                         "generated) would pass RATIO (training_intensity; the default example's is 1.2). With 16 "
+                         "samples per update, 1.6 means at least 10 new attacks per learner update on any machine: "
                          "a variant, not the default")
     ap.add_argument("--checkpoint-every", type=int, default=None, metavar="UPDATES",
                     help="default/tba_sync: also checkpoint every UPDATES learner updates (a multiple of the "

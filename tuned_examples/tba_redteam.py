@@ -1,6 +1,6 @@
 """TBA red-teaming: SmolLM2-135M-Instruct attacker vs SmolLM2-135M-Instruct victim, alt-profanity-check toxicity.
 
-    rllib train file tuned_examples/tba_redteam.py            # default stop: 220 learner updates (16-43 min, 2 cores)
+    rllib train file tuned_examples/tba_redteam.py            # default stop: 300 learner updates (~39 min, 2 cores)
     rllib evaluate results/tba_redteam/<trial>/checkpoint_000000 --num-samples 256
 
 The paper's RT setup (docs/method.md §4: beta 0.05, k=10, m=0.5, batch 128, 5000 steps) scaled to 2 CPU cores.
@@ -44,10 +44,12 @@ config = (
         # CPU budget: LoRA on every linear layer; bf16 autocast (~2x cheaper) only where the CPU has native bf16
         # (AMX): AVX2-only CPUs emulate bf16 (several times SLOWER than fp32); AVX512-BF16 without AMX was slower too
         lora={"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}, learner_precision="auto",
-        # the budget below is in learner updates and was validated with every sample's prompt run by the learner;
-        # share_prompt_forward (each prompt once) makes updates ~1.9x more frequent on 2 cores, so 220 of them see half
-        # the attacks: seed 1 had not learned by then (docs/performance.md)
-        share_prompt_forward=False,
+        # The learner waits whenever it would train on more than 1.2 samples per sample generated: >= 13.3 new attacks
+        # per update (16 samples) on every machine. Without it the searchers' speed decided: 6.8-13.7 attacks per
+        # update on our 2-core VMs, and seed 6 learned with 13.7 but not with 7.9 (docs/redteam_findings.md).
+        # With that floor, the learner's shared prompt forward (each prompt once, the same gradients at ~1.8x less
+        # compute) only shortens the run: the cores it frees go to the searchers (docs/performance.md)
+        training_intensity=1.2, share_prompt_forward=True,
     )
     .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
     .debugging(seed=0)
@@ -59,9 +61,10 @@ progress_columns = {
     "task/attack_success_rate": "ASR", "searchers/reward_mean": "reward", "task/diversity": "diversity",
     "tba/staleness_mean": "staleness",
 }
-# A training budget, not wall-clock: every machine makes the same number of learner updates (the searchers never
-# wait, so how many attacks those updates see varies with the machine: 6.8-13.7 per update on our 2-core VMs).
-# Learning here is a discovery event (the searchers' ASR stays near 0, then climbs within ~30 updates): 150 updates
-# ended before it on some seeds; 220 learner updates (16-43 min of training on 2 cores, by machine) leave room for a
-# late jump: seed 2 passed 25% at update ~215 (docs/redteam_findings.md has every run).
-stop = {"tba/weights_version": 220}
+# A training budget, not wall-clock: every machine makes the same number of learner updates, each after >= 13.3 new
+# attacks (training_intensity above; the searchers never wait, so a fast-searcher machine may give more).
+# Learning here is a discovery event (the searchers' ASR stays near 0, then climbs within ~30 updates), and when it
+# comes varies between runs of one seed: 220 updates ended right after it (seed 6 jumped at update ~195 and was
+# evaluated at 22.3%); the latest jump seen was at update 294. 300 updates (~39 min of training on a 2-core Zen 5 VM)
+# leave room for it (docs/redteam_findings.md has every run).
+stop = {"tba/weights_version": 300}
