@@ -24,8 +24,11 @@ def test_default_example_bar_needs_three_seeds_each_at_least_25_percent():
     assert g["met"] is False and g["seeds"] == [0, 1]  # two seeds are not three
     twin = run("tba", 1, 0.30, 0.6, default=True, machine="machine B")
     assert frontier.goals(runs + [twin])["default_example_asr"]["met"] is False  # nor is a seed run on two machines
+    table = frontier.table({"runs": [], "goals": frontier.goals(runs)})
+    assert "**not met** — ASR 39.0%, 30.0% on seeds [0, 1]" in table and "but 2 of the 3 seeds needed" in table
     runs.append(run("tba", 2, 0.24, 0.6, default=True))
     g = frontier.goals(runs)["default_example_asr"]
+    assert "seeds needed" not in frontier.table({"runs": [], "goals": frontier.goals(runs)})  # a seed below 25%
     assert g["met"] is False and abs(g["mean"] - 0.31) < 1e-12 and abs(g["spread"] - 0.15) < 1e-12
     runs[2]["eval"]["asr"] = 0.25
     assert frontier.goals(runs)["default_example_asr"]["met"] is True
@@ -134,7 +137,8 @@ def test_math_seeds_goal_needs_three_seeds_each_gaining_five_points():
 def test_merge_marks_runs_of_an_earlier_default_and_restores_them_when_the_default_returns(tmp_path, monkeypatch):
     """``default_example`` means the current default example: merging under another default knob marks a default
     run ``superseded_default`` (it then counts for no default bar); when the default's knob comes back, it is the
-    default example again. Other runs keep their flags."""
+    default example again. A run made as a variant becomes the default example when the default takes its knob and
+    budget."""
     monkeypatch.setattr(frontier.bench, "machine_line", lambda: "test machine")
     monkeypatch.setattr(frontier.bench, "commit", lambda: "abc1234")
     monkeypatch.setattr(frontier, "example_budget", lambda args: DEFAULT_STOP)
@@ -153,6 +157,11 @@ def test_merge_marks_runs_of_an_earlier_default_and_restores_them_when_the_defau
     assert first["default_example"] is True and "superseded_default" not in first
     assert data["goals"]["default_example_asr"]["seeds"] == [0]
     assert sweep["default_example"] is False and "superseded_default" not in sweep
+    monkeypatch.setattr(frontier, "example_knob", lambda args: {"beta": 0.1})  # the default takes the sweep's settings
+    data = frontier.merge(path, [], None)
+    first, sweep = data["runs"]
+    assert sweep["default_example"] is True and first["superseded_default"] is True
+    assert data["goals"]["default_example_asr"]["seeds"] == [1]
 
 
 def test_merge_of_a_variant_run_keeps_the_default_examples_runs(tmp_path, monkeypatch):

@@ -26,7 +26,7 @@ config = (
         min_buffer_size=64, lr=1e-4, grad_clip=1.0, updates_per_iteration=5,
         # CPU budget (see tba_redteam.py): LoRA on every linear layer + bf16 autocast where the CPU has native bf16
         lora={"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}, learner_precision="auto",
-        share_prompt_forward=False,  # as validated on 3 seeds (see tba_redteam.py)
+        share_prompt_forward=False,  # as validated on 3 seeds (docs/performance.md)
     )
     .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
     .debugging(seed=0)
