@@ -48,7 +48,8 @@ config = (
         # per update (16 samples) on every machine. Without it the searchers' speed decided: 6.8-13.7 attacks per
         # update on our 2-core VMs, and seed 6 learned with 13.7 but not with 7.9 (docs/redteam_findings.md).
         # With that floor, the learner's shared prompt forward (each prompt once, the same gradients at ~1.8x less
-        # compute) only shortens the run: the cores it frees go to the searchers (docs/performance.md)
+        # compute) changes how long the learner waits, not what it trains on; the searchers set the pace on 2 cores
+        # (7.75 s per update against 8.2 s with neither option, Zen 5 VM: docs/performance.md)
         training_intensity=1.2, share_prompt_forward=True,
     )
     .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
