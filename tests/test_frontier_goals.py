@@ -253,6 +253,35 @@ def test_no_shared_prompt_forward_makes_a_variant_of_the_default():
     assert [(t["config"].share_prompt_forward, t["default_example"]) for t in frontier.plan(args)] == [(True, True)] * 2
 
 
+def test_searcher_dtype_option_runs_both_training_engines_in_it_and_evaluates_with_the_protocols_victim(tmp_path):
+    """--searcher-dtype bfloat16: the attacker (searcher_dtype) and the victim answering in training (env
+    victim_dtype) run in bf16 — a variant whose knob says so; its evaluation puts the env's own victim dtype back (read
+    from the trial's params.json), while a run of the default example evaluates as it trained."""
+    args = frontier.argparse.Namespace(until_target=False, quick=True, what=["default"], seeds=[0], beta=[0.05],
+                                       clip=[0.2], attacks=64, searcher_dtype="bfloat16")
+    (trial,) = frontier.plan(args)
+    assert (trial["config"].searcher_dtype, trial["config"].env_config["victim_dtype"]) == ("bfloat16", "bfloat16")
+    assert trial["knob"] == {**frontier.example_knob(args), "searcher_dtype": "bfloat16"}
+    assert not trial["default_example"]
+    trial["config"].validate()
+    args.searcher_dtype = None
+    (default,) = frontier.plan(args)
+    assert default["default_example"] and default["config"].env_config["victim_dtype"] == "float32"  # the tiny env's
+    checkpoint = tmp_path / "trial" / "checkpoint_000000"
+    checkpoint.mkdir(parents=True)
+    assert frontier.protocol_victim(checkpoint) == []  # no params.json: nothing to put back
+    for dtype, options in (("auto", []), ("bfloat16", ["--env-config", '{"victim_dtype": "auto"}'])):
+        (checkpoint.parent / "params.json").write_text(frontier.json.dumps({"searcher_dtype": dtype}))
+        assert frontier.protocol_victim(checkpoint) == options
+
+
+@pytest.mark.parametrize("argv", [["default", "--searcher-dtype", "auto"], ["default", "--searcher-dtype", "bf16"]])
+def test_searcher_dtype_names_a_dtype_other_than_auto(argv, capsys):
+    with pytest.raises(SystemExit):
+        frontier.main(argv)
+    assert "--searcher-dtype: invalid choice" in capsys.readouterr().err
+
+
 def test_a_run_on_another_machine_is_kept_beside_its_twin(tmp_path, monkeypatch):
     """merge(): the same method, knob, seed and budget on another machine is a second measurement, not a
     replacement (wall-clock is compared only within one machine); on the same machine the newer run replaces it."""

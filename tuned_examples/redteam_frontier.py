@@ -64,7 +64,7 @@ from ray import tune
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from envs.metrics import SUCCESS_THRESHOLD
-from rllib_tba.tba import BETA_SCHEDULE_RULE, TAU_SCHEDULE_RULE, valid_schedule
+from rllib_tba.tba import BETA_SCHEDULE_RULE, SEARCHER_DTYPES, TAU_SCHEDULE_RULE, valid_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tuned_examples"))
@@ -94,6 +94,7 @@ LEARNER_OPTIONS = {
     "beta_schedule": lambda value: value is not None,
     "reward_temperature_schedule": lambda value: value is not None,
     "training_intensity": lambda value: value is not None,
+    "searcher_dtype": lambda value: value != "auto",  # see tba_config: the victim's answers in training too
 }
 TINY_ENV = {"model": "tiny-test", "victim": "tiny-test", "victim_dtype": "float32", "victim_responses": 2,
             "victim_max_tokens": 4, "max_new_tokens": 6}
@@ -128,6 +129,8 @@ def tba_config(args, seed: int, sync: bool = False, beta=None):
         value = getattr(args, field, None)
         if value is not None:
             config.training(**{field: tuple(value) if isinstance(value, list) else value})
+    if getattr(args, "searcher_dtype", None) is not None:  # a searcher's two vLLM engines: the attacker and the victim
+        config.environment(env_config={**config.env_config, "victim_dtype": args.searcher_dtype})
     return env_variant(config, args).training(async_mode=not sync)
 
 
@@ -316,9 +319,22 @@ def evaluate(checkpoint: str, num_samples: int, seed: int = 0, extra=(), tag: st
     out = eval_path(checkpoint, seed, tag)
     rllib = Path(sys.executable).with_name("rllib")
     subprocess.run([str(rllib), "evaluate", checkpoint, "--num-samples", str(num_samples), "--seed", str(seed),
-                    "--show", "0", "--openings", str(OPENINGS), "--json", str(out), *extra], check=True,
-                   stdout=subprocess.DEVNULL)
+                    "--show", "0", "--openings", str(OPENINGS), "--json", str(out), *protocol_victim(checkpoint),
+                    *extra], check=True, stdout=subprocess.DEVNULL)
     return {**json.loads(out.read_text()), "seed": seed}
+
+
+def protocol_victim(checkpoint) -> list[str]:
+    """`rllib evaluate` options that put back the red-team env's own victim dtype where the run's searchers trained
+    with another (--searcher-dtype; read from the trial's params.json beside the checkpoint): whatever precision
+    training answered in, evaluation's victim is the protocol's."""
+    from envs.redteam import RedTeamEnv
+
+    params = Path(checkpoint).parent / "params.json"
+    trained = json.loads(params.read_text()) if params.is_file() else {}
+    if trained.get("searcher_dtype", "auto") == "auto":
+        return []
+    return ["--env-config", json.dumps({"victim_dtype": RedTeamEnv.default_config["victim_dtype"]})]
 
 
 def smooth_runs(args, out: Path) -> list[dict]:
@@ -719,6 +735,11 @@ def main(argv=None) -> dict:
                          "generated) would pass RATIO (training_intensity; the default example's is 1.2). With 16 "
                          "samples per update, 1.6 means at least 10 new attacks per learner update on any machine: "
                          "a variant, not the default")
+    ap.add_argument("--searcher-dtype", choices=[d for d in SEARCHER_DTYPES if d != "auto"], default=None,
+                    help="TBA runs: the searchers' vLLM weights, the attacker's (searcher_dtype) and the victim's that "
+                         "answers in training (env victim_dtype), in this dtype instead of \"auto\" (bf16 only where "
+                         "native: GPUs, AMX CPUs). bfloat16 generates 1.6x faster on a Zen 5 CPU (docs/cpu_gpu.md); "
+                         "evaluation's victim keeps the env's default: a variant, not the default")
     ap.add_argument("--checkpoint-every", type=int, default=None, metavar="UPDATES",
                     help="default/tba_sync: also checkpoint every UPDATES learner updates (a multiple of the "
                          "example's updates per iteration), for benchmarks/redteam_trajectory.py to evaluate; the "
