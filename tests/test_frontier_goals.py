@@ -32,6 +32,14 @@ def test_default_example_bar_needs_three_seeds_each_at_least_25_percent():
     assert g["met"] is False and abs(g["mean"] - 0.31) < 1e-12 and abs(g["spread"] - 0.15) < 1e-12
     runs[2]["eval"]["asr"] = 0.25
     assert frontier.goals(runs)["default_example_asr"]["met"] is True
+    # the whole command's time is a bar of its own: <= 15 min of training (+ ~5 min of start-up and evaluation)
+    assert frontier.goals(runs)["default_example_asr"]["command_within_20_min"] is True  # 10 min each
+    runs[1]["wall_clock_s"] = 15 * 60 + 1
+    g = frontier.goals(runs)["default_example_asr"]
+    assert g["command_within_20_min"] is False and g["met"] is True and g["training_minutes"] == [10.0, 15.0, 10.0]
+    assert "≲ 20 min (≤ 15 min of training beside its ~5 min of start-up and evaluation): **not met** — 10–15 min" \
+        in frontier.table({"runs": [], "goals": frontier.goals(runs)})
+    assert frontier.goals([])["default_example_asr"]["command_within_20_min"] is None
     # a run that is not the default example (a sweep point) does not count for this bar
     runs.append(run("tba", 3, 0.01, 0.8))
     assert frontier.goals(runs)["default_example_asr"]["seeds"] == [0, 1, 2]
