@@ -7,6 +7,8 @@ The paper's RT setup (docs/method.md §4: beta 0.05, k=10, m=0.5, batch 128, 500
 On a GPU machine with the paper's models change three strings: policy_model="gpt2" (or
 "meta-llama/Llama-3.2-1B"), env_config victim="vicgalle/gpt2-alpaca-gpt4" (or "meta-llama/Llama-3.1-8B-Instruct"),
 toxicity="s-nlp/roberta_toxicity_classifier"; and set num_env_runners to the GPUs (searcher_dtype "auto" is bf16 there).
+On a CPU with fast bf16 but no AMX (Zen 5), searcher_dtype="bfloat16" with env_config victim_dtype="bfloat16" trains
+the 300 updates ~1.65x faster, but its attackers evaluated 13-25 points lower; "auto" stays fp32 (docs/cpu_gpu.md).
 """
 
 from rllib_tba import TBAConfig
