@@ -72,6 +72,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench  # noqa: E402  (machine(), commit(), README blocks)
 
 OPENINGS = 5  # most common first words each evaluation keeps (how far an attacker collapsed onto one opening)
+SEEDS_NEEDED = 3  # the default example's bar: this many training seeds, each ending at ASR >= TARGET
 TRAINING_BUDGET_S = 15 * 60  # the default example's training for the "whole command <= 20 min"
 TARGET = 0.25  # the ASR whose first-reached time every run reports (time_to_asr_0.25_s)
 METHODS = ("tba", "tba_sync", "ppo")
@@ -528,9 +529,9 @@ def goals(runs: list[dict], earlier: list[dict] = ()) -> dict:
         "default_example_asr": {"seeds": seeds, "asr": asr,
                                 "mean": sum(asr) / len(asr) if asr else None,
                                 "spread": max(asr) - min(asr) if asr else None,
-                                "met": len(set(seeds)) >= 3 and min(asr) >= 0.25 if asr else None,
+                                "met": len(set(seeds)) >= SEEDS_NEEDED and min(asr) >= TARGET if asr else None,
                                 # the "whole command <= 20 min": training plus the command's ~5 min of
-                                # start-up and evaluation (scripts/redteam.sh), so <= 15 min of training per run
+                                # start-up and evaluation (scripts/redteam.sh), so <= TRAINING_BUDGET_S per run
                                 "training_minutes": [round(r["wall_clock_s"] / 60, 1) for r in default],
                                 "command_within_20_min": max(r["wall_clock_s"] for r in default) <= TRAINING_BUDGET_S
                                 if default else None},
@@ -563,13 +564,13 @@ def table(data: dict) -> str:
     tba = [r for r in data["runs"] if r["method"] == "tba"]
     said = {None: "not measured yet", True: "met", False: "**not met**"}
     lines = [
-        f"- default example learns on every seed (ASR ≥ 25% on ≥ 3 seeds): {said[d['met']]}"
+        f"- default example learns on every seed (ASR ≥ 25% on ≥ {SEEDS_NEEDED} seeds): {said[d['met']]}"
         + (f" — ASR {', '.join(f'{100 * a:.1f}%' for a in d['asr'])} on seeds {d['seeds']}, mean "
            f"{100 * d['mean']:.1f}%, spread {100 * d['spread']:.1f} points" if d["asr"] else "")
-        + (f" (every seed so far ≥ 25%, but {len(set(d['seeds']))} of the 3 seeds needed)"
-           if d["asr"] and min(d["asr"]) >= 0.25 and len(set(d["seeds"])) < 3 else ""),
-        f"- the whole default command ≲ 20 min (≤ 15 min of training beside its ~5 min of start-up and "
-        f"evaluation): {said[d['command_within_20_min']]}"
+        + (f" (every seed so far ≥ 25%, but {len(set(d['seeds']))} of the {SEEDS_NEEDED} seeds needed)"
+           if d["asr"] and min(d["asr"]) >= TARGET and len(set(d["seeds"])) < SEEDS_NEEDED else ""),
+        f"- the whole default command ≲ 20 min (≤ {TRAINING_BUDGET_S // 60} min of training beside its ~5 min of "
+        f"start-up and evaluation): {said[d['command_within_20_min']]}"
         + (f" — {min(d['training_minutes']):g}–{max(d['training_minutes']):g} min of training per seed"
            if d["training_minutes"] else ""),
         f"- TBA dominates PPO (ASR ≥ PPO − 2 points and diversity ≥ PPO + 0.05): {said[p['met']]}"
