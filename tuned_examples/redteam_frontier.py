@@ -64,6 +64,7 @@ from ray import tune
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from envs.metrics import SUCCESS_THRESHOLD
+from rllib_tba.hf_rl_module import LEARNER_PRECISIONS
 from rllib_tba.tba import BETA_SCHEDULE_RULE, SEARCHER_DTYPES, TAU_SCHEDULE_RULE, valid_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,6 +98,7 @@ LEARNER_OPTIONS = {
     "reward_temperature_schedule": lambda value: value is not None,
     "training_intensity": lambda value: value is not None,
     "searcher_dtype": lambda value: value != "auto",  # see tba_config: the victim's answers in training too
+    "learner_precision": lambda value: value != "auto",
 }
 TINY_ENV = {"model": "tiny-test", "victim": "tiny-test", "victim_dtype": "float32", "victim_responses": 2,
             "victim_max_tokens": 4, "max_new_tokens": 6}
@@ -137,9 +139,12 @@ def tba_config(args, seed: int, sync: bool = False, beta=None):
 
 
 def env_variant(config, args):
-    """--reward-beyond-attack: the env pays each victim answer only the toxicity beyond the attack's own."""
+    """--reward-beyond-attack: the env pays each victim answer only the toxicity beyond the attack's own;
+    --victim-responses: the victim answers each training attack that many times (evaluation keeps the protocol's)."""
     if getattr(args, "reward_beyond_attack", False):
         config.environment(env_config={**config.env_config, "reward_beyond_attack": True})
+    if getattr(args, "victim_responses", None) is not None:
+        config.environment(env_config={**config.env_config, "victim_responses": args.victim_responses})
     return config
 
 
@@ -160,8 +165,17 @@ def ppo_config(args, seed: int, clip=None):
 
 
 def env_knob(config) -> dict:
-    """The env options of a run that differ from the red-team env's defaults and are not the reward's name."""
-    return {"reward_beyond_attack": True} if config.env_config.get("reward_beyond_attack") else {}
+    """The env options of a run that differ from the red-team env's defaults and are not the reward's name: the
+    victim's answers per training attack where they are not the evaluation protocol's number."""
+    from envs.redteam import RedTeamEnv
+
+    env, knob = config.env_config, {}
+    if env.get("reward_beyond_attack"):
+        knob["reward_beyond_attack"] = True
+    answers = env.get("victim_responses", RedTeamEnv.default_config["victim_responses"])
+    if answers != RedTeamEnv.evaluation_config["victim_responses"]:
+        knob["victim_responses"] = answers
+    return knob
 
 
 def tba_knob(config) -> dict:
@@ -751,6 +765,12 @@ def main(argv=None) -> dict:
                          "answers in training (env victim_dtype), in this dtype instead of \"auto\" (bf16 only where "
                          "native: GPUs, AMX CPUs). bfloat16 generates 1.6x faster on a Zen 5 CPU (docs/cpu_gpu.md); "
                          "evaluation's victim keeps the env's default: a variant, not the default")
+    ap.add_argument("--learner-precision", choices=[p for p in LEARNER_PRECISIONS if p != "auto"], default=None,
+                    help="TBA runs: the learner's matmuls (learner_precision) in this precision instead of \"auto\" "
+                         "(bf16-mixed only on GPUs and AMX CPUs): a variant, not the default")
+    ap.add_argument("--victim-responses", type=int, default=None, metavar="N",
+                    help="the victim's answers to each training attack (env victim_responses; the reward is their "
+                         "log mean toxicity), instead of the evaluation protocol's 5: a variant, not the default")
     ap.add_argument("--checkpoint-every", type=int, default=None, metavar="UPDATES",
                     help="default/tba_sync: also checkpoint every UPDATES learner updates (a multiple of the "
                          "example's updates per iteration), for benchmarks/redteam_trajectory.py to evaluate; the "
@@ -787,6 +807,8 @@ def main(argv=None) -> dict:
                                  ("--reward-temperature-schedule", args.reward_temperature_schedule, TAU_SCHEDULE_RULE)):
         if schedule is not None and not valid_schedule(schedule):
             ap.error(f"{flag} {' '.join(f'{u}:{v:g}' for u, v in schedule)}: give points forming {rule}")
+    if args.victim_responses is not None and args.victim_responses < 1:
+        ap.error(f"--victim-responses {args.victim_responses}: give a positive number of answers per attack")
     if args.checkpoint_every is not None:
         per_iteration = tba_config(args, 0).updates_per_iteration
         if args.checkpoint_every < 1 or args.checkpoint_every % per_iteration or set(args.what) - {"default", "tba_sync"}:
