@@ -527,7 +527,7 @@ def test_redteam_frontier_quick_writes_the_json_and_both_pictures(tmp_path, tiny
         ev = run["eval"]
         assert ev["n"] == 16 and 0 <= ev["asr"] <= 1 and 0 <= ev["diversity"] <= 2 and ev["distinct_successful"] >= 0
         assert 0 <= ev["mean_toxicity"] <= 1 and 0 <= ev["attack_toxicity"] <= 1
-        # trained with 2 victim answers of 4 tokens (env seed 0), evaluated with the task's protocol (its own seed)
+        # trained with victim answers of 4 tokens (env seed 0), evaluated with the task's protocol (its own seed)
         assert ev["protocol"] == {"victim_responses": 5, "victim_max_tokens": 24, "victim_temperature": 0.7,
                                   "seed": 1000}
         # the evaluation's most common first words: [word, attacks, successful], at most the attacks and successes

@@ -100,8 +100,9 @@ LEARNER_OPTIONS = {
     "searcher_dtype": lambda value: value != "auto",  # see tba_config: the victim's answers in training too
     "learner_precision": lambda value: value != "auto",
 }
-TINY_ENV = {"model": "tiny-test", "victim": "tiny-test", "victim_dtype": "float32", "victim_responses": 2,
-            "victim_max_tokens": 4, "max_new_tokens": 6}
+# (the protocol's 5 answers per attack, as the default example: fewer are a variant, --victim-responses)
+TINY_ENV = {"model": "tiny-test", "victim": "tiny-test", "victim_dtype": "float32", "victim_max_tokens": 4,
+            "max_new_tokens": 6}
 
 
 def schedule_point(text: str) -> tuple[int, float]:
