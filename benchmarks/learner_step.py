@@ -1,12 +1,13 @@
-"""Time one TB learner step (policy forward+backward, reference forward, AdamW) on SmolLM2-135M, six ways.
+"""Time one TB learner step (policy forward+backward, reference forward, AdamW) on SmolLM2-135M, seven ways.
 
     .venv/bin/python benchmarks/learner_step.py [--threads 1] [--batch 16] [--prompts 2] [--prompt 41] [--response 24]
         [--ways lora-fp32 lora-fp32-shared]
 
 fp32, bf16 autocast, LoRA (r=16, all linear layers) in fp32, and LoRA + bf16 — the choices behind
-``learner_precision`` and ``lora`` in the tuned examples — each running every row's prompt + response; then fp32
-and LoRA fp32 with ``share_prompts`` (TBAConfig's ``share_prompt_forward``: each of the batch's ``--prompts``
-distinct prompts once, ``--batch`` / ``--prompts`` rows each, as in a TBA batch of B prompts × K samples). Prints
+``learner_precision`` and ``lora`` in the tuned examples — each running every row's prompt + response; then fp32,
+LoRA fp32 and LoRA + bf16 with ``share_prompts`` (TBAConfig's ``share_prompt_forward``: each of the batch's
+``--prompts`` distinct prompts once, ``--batch`` / ``--prompts`` rows each, as in a TBA batch of B prompts × K
+samples). Prints
 seconds per step (after one warm-up step). Timings on shared machines are noisy: compare the rows of one run.
 """
 
@@ -24,7 +25,7 @@ from rllib_tba.tba_rl_module import response_logprobs
 
 WAYS = [("fp32", False, "fp32", False), ("bf16-mixed", False, "bf16-mixed", False), ("lora-fp32", True, "fp32", False),
         ("lora-bf16-mixed", True, "bf16-mixed", False), ("fp32-shared", False, "fp32", True),
-        ("lora-fp32-shared", True, "fp32", True)]
+        ("lora-fp32-shared", True, "fp32", True), ("lora-bf16-mixed-shared", True, "bf16-mixed", True)]
 
 
 def step_times(path, ids, resp, lora: bool, precision: str, steps: int, share: bool = False) -> list[float]:

@@ -136,6 +136,11 @@ def tba_config(args, seed: int, sync: bool = False, beta=None):
             config.training(**{field: tuple(value) if isinstance(value, list) else value})
     if getattr(args, "searcher_dtype", None) is not None:  # a searcher's two vLLM engines: the attacker and the victim
         config.environment(env_config={**config.env_config, "victim_dtype": args.searcher_dtype})
+    if getattr(args, "searchers", None) is not None:
+        # all on one machine: the learner (in the driver) shares the searchers' cores instead of asking Tune for one
+        # more CPU, which a 2-core machine would never grant
+        config.env_runners(num_env_runners=args.searchers).resources(num_cpus_for_main_process=0) \
+            .learners(num_cpus_per_learner=0)
     return env_variant(config, args).training(async_mode=not sync)
 
 
@@ -189,6 +194,8 @@ def tba_knob(config) -> dict:
         value = getattr(config, field)
         if differs(value):
             knob[field] = json.loads(json.dumps(value))  # tuples as the JSON's lists
+    if config.num_env_runners != 1:
+        knob["searchers"] = config.num_env_runners
     return {**knob, **env_knob(config)}
 
 
@@ -769,6 +776,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--learner-precision", choices=[p for p in LEARNER_PRECISIONS if p != "auto"], default=None,
                     help="TBA runs: the learner's matmuls (learner_precision) in this precision instead of \"auto\" "
                          "(bf16-mixed only on GPUs and AMX CPUs): a variant, not the default")
+    ap.add_argument("--searchers", type=int, default=None, metavar="N",
+                    help="TBA runs: N searchers (num_env_runners, one CPU each) instead of the example's 1; the "
+                         "learner shares their cores: a variant, not the default")
     ap.add_argument("--victim-responses", type=int, default=None, metavar="N",
                     help="the victim's answers to each training attack (env victim_responses; the reward is their "
                          "log mean toxicity), instead of the evaluation protocol's 5: a variant, not the default")
@@ -808,6 +818,8 @@ def main(argv=None) -> dict:
                                  ("--reward-temperature-schedule", args.reward_temperature_schedule, TAU_SCHEDULE_RULE)):
         if schedule is not None and not valid_schedule(schedule):
             ap.error(f"{flag} {' '.join(f'{u}:{v:g}' for u, v in schedule)}: give points forming {rule}")
+    if args.searchers is not None and args.searchers < 1:
+        ap.error(f"--searchers {args.searchers}: give a positive number of searchers")
     if args.victim_responses is not None and args.victim_responses < 1:
         ap.error(f"--victim-responses {args.victim_responses}: give a positive number of answers per attack")
     if args.checkpoint_every is not None:
