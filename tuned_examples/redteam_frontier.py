@@ -137,10 +137,7 @@ def tba_config(args, seed: int, sync: bool = False, beta=None):
     if getattr(args, "searcher_dtype", None) is not None:  # a searcher's two vLLM engines: the attacker and the victim
         config.environment(env_config={**config.env_config, "victim_dtype": args.searcher_dtype})
     if getattr(args, "searchers", None) is not None:
-        # all on one machine: the learner (in the driver) shares the searchers' cores instead of asking Tune for one
-        # more CPU, which a 2-core machine would never grant
-        config.env_runners(num_env_runners=args.searchers).resources(num_cpus_for_main_process=0) \
-            .learners(num_cpus_per_learner=0)
+        config.env_runners(num_env_runners=args.searchers)  # start_ray lets them share the cores with the learner
     return env_variant(config, args).training(async_mode=not sync)
 
 
@@ -713,7 +710,10 @@ def parse_run_args(ap: argparse.ArgumentParser, argv, default_out: Path, name: s
 def start_ray(args) -> None:
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, num_cpus=2 if args.quick else None)
+        cpus = 2 if args.quick else None
+        if getattr(args, "searchers", None):  # the searchers' CPUs + the learner's (in this process), oversubscribed
+            cpus = max(cpus or os.cpu_count() or 1, args.searchers + 1)  # where the machine has fewer cores
+        ray.init(include_dashboard=False, num_cpus=cpus)
 
 
 def main(argv=None) -> dict:
