@@ -73,7 +73,7 @@ def main(argv=None):
         if args.ways and name not in args.ways:
             continue
         times = step_times(path, ids, resp, lora, precision, args.steps, share)
-        print(f"{name:16s} {sum(times) / len(times):6.2f} s/step  {[round(t, 2) for t in times]}", flush=True)
+        print(f"{name:22s} {sum(times) / len(times):6.2f} s/step  {[round(t, 2) for t in times]}", flush=True)
 
 
 if __name__ == "__main__":

@@ -456,25 +456,36 @@ def test_a_pooled_smoothing_counts_its_runs_as_trained_one_after_another(tmp_pat
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
 
 
-def test_training_victim_answers_and_learner_precision_are_variants_evaluated_by_the_protocol():
-    """--victim-responses 3 (the victim's answers to each training attack, TBA and PPO alike) and --learner-precision
-    bf16-mixed: variants whose knobs say so; the answers enter a knob only where they differ from the evaluation
-    protocol's 5 (which `rllib evaluate` keeps whatever training used: test_redteam_frontier_quick_...)."""
+def test_training_victim_answers_learner_precision_and_searchers_are_variants(monkeypatch):
+    """--victim-responses 3 (the victim's answers to each training attack, TBA and PPO alike), --learner-precision
+    bf16-mixed and --searchers 3: variants whose knobs say so; the answers enter a knob only where they differ from
+    the evaluation protocol's 5 (which `rllib evaluate` keeps whatever training used: test_redteam_frontier_quick_...);
+    with more searchers than the machine has cores beside the learner, Ray is told of a CPU slot for each."""
     args = frontier.argparse.Namespace(until_target=False, quick=True, what=["default", "ppo"], seeds=[0], beta=[0.05],
-                                       clip=[0.2], attacks=64, victim_responses=3, learner_precision="bf16-mixed")
+                                       clip=[0.2], attacks=64, victim_responses=3, learner_precision="bf16-mixed",
+                                       searchers=3)
     tba, ppo = frontier.plan(args)
     assert tba["config"].env_config["victim_responses"] == ppo["config"].env_config["victim_responses"] == 3
-    assert tba["config"].learner_precision == "bf16-mixed"
-    assert tba["knob"] == {**frontier.example_knob(args), "learner_precision": "bf16-mixed", "victim_responses": 3}
+    assert (tba["config"].learner_precision, tba["config"].num_env_runners) == ("bf16-mixed", 3)
+    assert tba["knob"] == {**frontier.example_knob(args), "learner_precision": "bf16-mixed", "searchers": 3,
+                           "victim_responses": 3}
     assert ppo["knob"] == {"clip_param": 0.2, "victim_responses": 3}
     assert not tba["default_example"]
     tba["config"].validate()
+    started = []
+    monkeypatch.setattr(frontier.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(frontier.ray, "init", lambda **kw: started.append(kw["num_cpus"]))
+    frontier.start_ray(args)
+    args.searchers = None
+    frontier.start_ray(args)
+    assert started == [4, 2]  # 3 searchers + the learner; --quick's own 2 otherwise
     args.victim_responses, args.learner_precision = 5, None
     tba, ppo = frontier.plan(args)
     assert tba["default_example"] and ppo["knob"] == {"clip_param": 0.2}
 
 
 @pytest.mark.parametrize("argv, error", [(["default", "--victim-responses", "0"], "give a positive number of answers"),
+                                         (["default", "--searchers", "0"], "give a positive number of searchers"),
                                          (["default", "--learner-precision", "auto"], "invalid choice")])
 def test_training_variant_options_refuse_values_they_cannot_run(argv, error, capsys):
     with pytest.raises(SystemExit):
