@@ -7,8 +7,8 @@ fp32, bf16 autocast, LoRA (r=16, all linear layers) in fp32, and LoRA + bf16 —
 ``learner_precision`` and ``lora`` in the tuned examples — each running every row's prompt + response; then fp32,
 LoRA fp32 and LoRA + bf16 with ``share_prompts`` (TBAConfig's ``share_prompt_forward``: each of the batch's
 ``--prompts`` distinct prompts once, ``--batch`` / ``--prompts`` rows each, as in a TBA batch of B prompts × K
-samples). Prints
-seconds per step (after one warm-up step). Timings on shared machines are noisy: compare the rows of one run.
+samples). Prints seconds per step (after one warm-up step). Timings on shared machines are noisy: compare the rows
+of one run.
 """
 
 from __future__ import annotations
