@@ -818,10 +818,10 @@ def main(argv=None) -> dict:
                                  ("--reward-temperature-schedule", args.reward_temperature_schedule, TAU_SCHEDULE_RULE)):
         if schedule is not None and not valid_schedule(schedule):
             ap.error(f"{flag} {' '.join(f'{u}:{v:g}' for u, v in schedule)}: give points forming {rule}")
-    if args.searchers is not None and args.searchers < 1:
-        ap.error(f"--searchers {args.searchers}: give a positive number of searchers")
-    if args.victim_responses is not None and args.victim_responses < 1:
-        ap.error(f"--victim-responses {args.victim_responses}: give a positive number of answers per attack")
+    for flag, count, what in (("--searchers", args.searchers, "searchers"),
+                              ("--victim-responses", args.victim_responses, "answers per attack")):
+        if count is not None and count < 1:
+            ap.error(f"{flag} {count}: give a positive number of {what}")
     if args.checkpoint_every is not None:
         per_iteration = tba_config(args, 0).updates_per_iteration
         if args.checkpoint_every < 1 or args.checkpoint_every % per_iteration or set(args.what) - {"default", "tba_sync"}:
