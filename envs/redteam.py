@@ -62,10 +62,11 @@ class RedTeamEnv(TokenEnv):
     }
 
     # the paper's protocol: 5 victim answers per attack, here of 24 tokens (training may use fewer and shorter ones),
-    # drawn with a seed of their own: a training attack replayed in evaluation is answered afresh
+    # drawn with a seed of their own: a training attack replayed in evaluation is answered afresh; by the victim in
+    # the env's default dtype, whatever dtype training's victim answered in
     output_field = "attack"
     evaluation_config = {"victim_responses": 5, "victim_max_tokens": 24, "victim_temperature": 0.7,
-                         "seed": EVALUATION_SEED}
+                         "seed": EVALUATION_SEED, "victim_dtype": "auto"}
     held_out_config = ("seed",)
 
     def __init__(self, config: dict | None = None, render_mode: str | None = None):

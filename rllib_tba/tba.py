@@ -40,7 +40,8 @@ from rllib_tba.hf_rl_module import LEARNER_PRECISIONS
 from rllib_tba.tba_learner import TBATorchLearner, build_train_batch
 from rllib_tba.tba_replay_buffer import EVICTION_POLICIES, TBAReplayBuffer, TBSample
 from rllib_tba.tba_rl_module import TBARLModule
-from rllib_tba.vllm_env_runner import WEIGHTS_VERSION, GenerationBatch, SearchError, VLLMEnvRunner, make_task_env
+from rllib_tba.vllm_env_runner import (WEIGHTS_VERSION, GenerationBatch, SearchError, VLLMEnvRunner, make_task_env,
+                                       searcher_threads)
 
 logger = logging.getLogger(__name__)
 
@@ -516,7 +517,7 @@ class TBA(Algorithm):
 
             import torch
 
-            searcher_cpus = c.num_env_runners * max(1, int(c.num_cpus_per_env_runner))
+            searcher_cpus = c.num_env_runners * searcher_threads(c.num_cpus_per_env_runner)
             torch.set_num_threads(max(1, (os.cpu_count() or 1) - searcher_cpus))
 
     # ---- searchers -> buffer -----------------------------------------------------------------------------------

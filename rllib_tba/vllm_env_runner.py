@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 import traceback
 import warnings
@@ -169,9 +170,16 @@ def sampler_settings(config) -> dict:
             "ref_logp": False}
 
 
+def searcher_threads(num_cpus: float) -> int:
+    """The threads a searcher computes with: its Ray CPUs (``num_cpus_per_env_runner``) rounded up, at least one. Two
+    searchers at 0.5 CPU each fit one core's slot in Ray's count and run one thread each."""
+    return max(1, math.ceil(num_cpus))
+
+
 class VLLMEnvRunner(EnvRunner, Checkpointable):
     def __init__(self, *, config, **kwargs):
-        configure_vllm_env(num_threads=int(config.num_cpus_per_env_runner) or None)
+        cpus = config.num_cpus_per_env_runner
+        configure_vllm_env(num_threads=searcher_threads(cpus) if cpus else None)  # 0 CPUs (GPU searcher): vLLM's own
         super().__init__(config=config, **kwargs)
         self.worker_index = kwargs.get("worker_index", 0) or 0
         self.env = make_task_env(self.config)

@@ -8,7 +8,8 @@ import redteam_frontier as frontier  # tuned_examples/ (on the path by conftest.
 
 DEFAULT_STOP = {"tba/weights_version": 120}
 TARGET_STOP = {"task/success_rate_0.25_reached_at": 0, "tba/weights_version": 400}
-PROTOCOL = {"victim_responses": 5, "victim_max_tokens": 24, "victim_temperature": 0.7, "seed": 1000}
+PROTOCOL = {"victim_responses": 5, "victim_max_tokens": 24, "victim_temperature": 0.7, "seed": 1000,
+            "victim_dtype": "auto"}
 
 
 def run(method, seed, asr, diversity, *, default=False, stop=DEFAULT_STOP, knob=None, t25=None, wall=600.0,
@@ -127,6 +128,21 @@ def test_knob_names_reward_inv_temp_only_where_it_differs_from_the_earlier_runs(
     knobs = [frontier.tba_knob(default.copy(copy_frozen=False).training(reward_inv_temp=t)) for t in (1.0, 2.0)]
     assert "reward_inv_temp" not in knobs[0] and knobs[1]["reward_inv_temp"] == 2.0
     assert {k: v for k, v in knobs[1].items() if k != "reward_inv_temp"} == knobs[0]
+
+
+def test_the_red_team_example_asks_ray_for_two_cpus_and_trains_with_the_searchers_dtype():
+    """The default example runs on a 2-core machine as `rllib train file` checks it: the learner's CPU and two
+    searchers at 0.5 each (one thread each: test_a_searcher_computes_with_its_cpus_rounded_up); training's victim
+    answers in the searchers' dtype (bf16 where it is fast, else the env's default)."""
+    from tba_redteam import BF16, config
+
+    from rllib_tba.tba import TBA
+
+    bundles = TBA.default_resource_request(config).bundles
+    assert config.num_env_runners == 2 and sum(b.get("CPU", 0) for b in bundles) == 2, bundles
+    assert (config.searcher_dtype, config.env_config["victim_dtype"]) == (("bfloat16",) * 2 if BF16 else ("auto",) * 2)
+    assert config.learner_precision == ("bf16-mixed" if BF16 else "auto")
+    config.validate()
 
 
 def test_math_seeds_goal_needs_three_seeds_each_gaining_five_points():
@@ -261,10 +277,13 @@ def test_no_shared_prompt_forward_makes_a_variant_of_the_default():
     assert [(t["config"].share_prompt_forward, t["default_example"]) for t in frontier.plan(args)] == [(True, True)] * 2
 
 
-def test_searcher_dtype_option_runs_both_training_engines_in_it_and_evaluates_with_the_protocols_victim(tmp_path):
+def test_searcher_dtype_option_runs_both_training_engines_in_it_and_evaluates_with_the_protocols_victim():
     """--searcher-dtype bfloat16: the attacker (searcher_dtype) and the victim answering in training (env
-    victim_dtype) run in bf16 — a variant whose knob says so; its evaluation puts the env's own victim dtype back (read
-    from the trial's params.json), while a run of the default example evaluates as it trained."""
+    victim_dtype) run in bf16 — a variant whose knob says so; evaluation's victim is the protocol's, the env's default
+    dtype, whatever training answered in (the red-team env's evaluation_config; `rllib evaluate` applies it, see
+    test_workflows). Evaluations recorded before the protocol named the dtype met that victim too: still current."""
+    from envs.redteam import RedTeamEnv
+
     args = frontier.argparse.Namespace(until_target=False, quick=True, what=["default"], seeds=[0], beta=[0.05],
                                        clip=[0.2], attacks=64, searcher_dtype="bfloat16")
     (trial,) = frontier.plan(args)
@@ -275,12 +294,10 @@ def test_searcher_dtype_option_runs_both_training_engines_in_it_and_evaluates_wi
     args.searcher_dtype = None
     (default,) = frontier.plan(args)
     assert default["default_example"] and default["config"].env_config["victim_dtype"] == "float32"  # the tiny env's
-    checkpoint = tmp_path / "trial" / "checkpoint_000000"
-    checkpoint.mkdir(parents=True)
-    assert frontier.protocol_victim(checkpoint) == []  # no params.json: nothing to put back
-    for dtype, options in (("auto", []), ("bfloat16", ["--env-config", '{"victim_dtype": "auto"}'])):
-        (checkpoint.parent / "params.json").write_text(frontier.json.dumps({"searcher_dtype": dtype}))
-        assert frontier.protocol_victim(checkpoint) == options
+    assert RedTeamEnv.evaluation_config["victim_dtype"] == RedTeamEnv.default_config["victim_dtype"] == "auto"
+    before = {k: v for k, v in PROTOCOL.items() if k != "victim_dtype"}
+    assert frontier.current_protocol({"protocol": before}) and frontier.current_protocol({"protocol": PROTOCOL})
+    assert not frontier.current_protocol({"protocol": {**PROTOCOL, "victim_dtype": "bfloat16"}})
 
 
 @pytest.mark.parametrize("argv", [["default", "--searcher-dtype", "auto"], ["default", "--searcher-dtype", "bf16"]])

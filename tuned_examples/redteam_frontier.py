@@ -340,22 +340,9 @@ def evaluate(checkpoint: str, num_samples: int, seed: int = 0, extra=(), tag: st
     out = eval_path(checkpoint, seed, tag)
     rllib = Path(sys.executable).with_name("rllib")
     subprocess.run([str(rllib), "evaluate", checkpoint, "--num-samples", str(num_samples), "--seed", str(seed),
-                    "--show", "0", "--openings", str(OPENINGS), "--json", str(out), *protocol_victim(checkpoint),
-                    *extra], check=True, stdout=subprocess.DEVNULL)
+                    "--show", "0", "--openings", str(OPENINGS), "--json", str(out), *extra],
+                   check=True, stdout=subprocess.DEVNULL)
     return {**json.loads(out.read_text()), "seed": seed}
-
-
-def protocol_victim(checkpoint) -> list[str]:
-    """`rllib evaluate` options that put back the red-team env's own victim dtype where the run's searchers trained
-    with another (--searcher-dtype; read from the trial's params.json beside the checkpoint): whatever precision
-    training answered in, evaluation's victim is the protocol's."""
-    from envs.redteam import RedTeamEnv
-
-    params = Path(checkpoint).parent / "params.json"
-    trained = json.loads(params.read_text()) if params.is_file() else {}
-    if trained.get("searcher_dtype", "auto") == "auto":
-        return []
-    return ["--env-config", json.dumps({"victim_dtype": RedTeamEnv.default_config["victim_dtype"]})]
 
 
 def smooth_runs(args, out: Path) -> list[dict]:
@@ -480,7 +467,9 @@ def current_protocol(evaluation: dict) -> bool:
     checkpoint is on this machine."""
     from envs.redteam import RedTeamEnv
 
-    return evaluation.get("protocol") == RedTeamEnv.evaluation_config
+    # the protocol names the victim's dtype since the example's searchers answer in bf16 where it is fast; before,
+    # evaluation's victim was the env's default ("auto") all the same: this command's evaluate() put it back
+    return {"victim_dtype": "auto", **(evaluation.get("protocol") or {})} == RedTeamEnv.evaluation_config
 
 
 def merge(path: Path, records: list[dict], args) -> dict:
