@@ -9,7 +9,8 @@ On a GPU machine with the paper's models change three strings: policy_model="gpt
 toxicity="s-nlp/roberta_toxicity_classifier"; and set num_env_runners to the GPUs (bf16 is chosen there).
 Where bf16 is fast (GPUs, AMX CPUs, and CPUs whose bf16 matmuls measure >= 2.5x faster than fp32, like a Zen 5 EPYC)
 the searchers (attacker and training's victim) and the learner run in bf16; evaluation's victim stays the env's
-default dtype (fp32 on such a CPU). Elsewhere everything runs in fp32, ~1.65-2x slower per update (docs/cpu_gpu.md).
+default dtype (fp32 on such a CPU). Elsewhere everything runs in fp32, ~1.6x slower per update (estimated:
+docs/redteam_findings.md).
 """
 
 import torch
@@ -65,7 +66,7 @@ config = (
         # update on our 2-core VMs, and seed 6 learned with 13.7 but not with 7.9 (docs/redteam_findings.md).
         # With that floor, the learner's shared prompt forward (each prompt once, the same gradients at ~1.8x less
         # compute) changes how long the learner waits, not what it trains on; the searchers set the pace on 2 cores
-        # (7.75 s per update against 8.2 s with neither option, Zen 5 VM: docs/performance.md)
+        # (fp32, one searcher: 7.75 s per update against 8.2 s with neither option, Zen 5 VM: docs/performance.md)
         training_intensity=1.2, share_prompt_forward=True,
     )
     # two searchers, one thread each, beside the learner's thread on 2 cores (0.5 CPU each in Ray's count): the
