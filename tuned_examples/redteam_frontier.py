@@ -847,7 +847,8 @@ def main(argv=None) -> dict:
         bench.replace_readme_block("redteam-frontier", (
             f"{table(data)}\n\nMachines: {machines} (each run's in the JSON; compare wall-clock only within one); last "
             f"written at commit `{data['commit']}`; evaluation: {args.num_eval} attacks, "
-            f"{protocol['victim_responses']} victim answers each of {protocol['victim_max_tokens']} tokens, drawn with "
+            f"{protocol['victim_responses']} victim answers each of {protocol['victim_max_tokens']} tokens by the victim in "
+            f"the env's default dtype ({protocol['victim_dtype']!r}: fp32 on a CPU without AMX), drawn with "
             f"the evaluation's victim seed ({protocol['seed']}; training's is the env seed, "
             f"{RedTeamEnv.default_config['seed']} by default), evaluation seed 0. "
             f"{len(data['runs_earlier_protocol'])} runs evaluated under the earlier protocol (victim answers drawn with "
