@@ -759,14 +759,14 @@ def main(argv=None) -> dict:
                          "a variant, not the default")
     ap.add_argument("--searcher-dtype", choices=[d for d in SEARCHER_DTYPES if d != "auto"], default=None,
                     help="TBA runs: the searchers' vLLM weights, the attacker's (searcher_dtype) and the victim's that "
-                         "answers in training (env victim_dtype), in this dtype instead of \"auto\" (bf16 only where "
-                         "native: GPUs, AMX CPUs). bfloat16 generates 1.6x faster on a Zen 5 CPU (docs/cpu_gpu.md); "
-                         "evaluation's victim keeps the env's default: a variant, not the default")
+                         "answers in training (env victim_dtype), in this dtype instead of the example's (bfloat16 "
+                         "where bf16 is fast: GPUs, AMX CPUs, a Zen 5 CPU; else \"auto\"); evaluation's victim keeps "
+                         "the env's default: a variant, not the default")
     ap.add_argument("--learner-precision", choices=[p for p in LEARNER_PRECISIONS if p != "auto"], default=None,
-                    help="TBA runs: the learner's matmuls (learner_precision) in this precision instead of \"auto\" "
-                         "(bf16-mixed only on GPUs and AMX CPUs): a variant, not the default")
+                    help="TBA runs: the learner's matmuls (learner_precision) in this precision instead of the "
+                         "example's (bf16-mixed where bf16 is fast, else \"auto\"): a variant, not the default")
     ap.add_argument("--searchers", type=int, default=None, metavar="N",
-                    help="TBA runs: N searchers (num_env_runners, one CPU each) instead of the example's 1; the "
+                    help="TBA runs: N searchers (num_env_runners, one thread each) instead of the example's 2; the "
                          "learner shares their cores: a variant, not the default")
     ap.add_argument("--victim-responses", type=int, default=None, metavar="N",
                     help="the victim's answers to each training attack (env victim_responses; the reward is their "
@@ -847,8 +847,8 @@ def main(argv=None) -> dict:
         bench.replace_readme_block("redteam-frontier", (
             f"{table(data)}\n\nMachines: {machines} (each run's in the JSON; compare wall-clock only within one); last "
             f"written at commit `{data['commit']}`; evaluation: {args.num_eval} attacks, "
-            f"{protocol['victim_responses']} victim answers each of {protocol['victim_max_tokens']} tokens by the victim in "
-            f"the env's default dtype ({protocol['victim_dtype']!r}: fp32 on a CPU without AMX), drawn with "
+            f"{protocol['victim_responses']} victim answers each of {protocol['victim_max_tokens']} tokens by the "
+            f"victim in the env's default dtype ({protocol['victim_dtype']!r}: fp32 on a CPU without AMX), drawn with "
             f"the evaluation's victim seed ({protocol['seed']}; training's is the env seed, "
             f"{RedTeamEnv.default_config['seed']} by default), evaluation seed 0. "
             f"{len(data['runs_earlier_protocol'])} runs evaluated under the earlier protocol (victim answers drawn with "
