@@ -343,12 +343,7 @@ def load_config(args):
     spec = importlib.util.spec_from_file_location("tuned", ROOT / "tuned_examples" / "tba_redteam.py")
     tuned = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tuned)
-    # the layout docs/performance.md's figures were measured with: one searcher with one CPU beside the learner, every
-    # dtype "auto" (fp32 on a CPU without AMX). Where bf16 measures fast the example itself runs bf16 and two
-    # searchers; the red-team runs (tuned_examples/redteam_frontier.py) time that layout.
-    config = tuned.config.copy(copy_frozen=False).env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
-    return config.training(searcher_dtype="auto", learner_precision="auto").environment(
-        env_config={**config.env_config, "victim_dtype": "auto"})
+    return tuned.config
 
 
 # ---- reporting ---------------------------------------------------------------------------------------------------

@@ -30,17 +30,11 @@ def configure_vllm_env(num_threads: int | None = None, kv_cache_gib: int = 1) ->
         os.environ.setdefault("OMP_NUM_THREADS", str(num_threads))
 
 
-FAST_BF16_SPEEDUP = 2.5  # has_fast_bf16(measure=True): bf16 matmuls at least this many times faster than fp32
-
-
-def has_fast_bf16(device: str = "cpu", cpu_flags: str | None = None, measure: bool = False) -> bool:
+def has_fast_bf16(device: str = "cpu", cpu_flags: str | None = None) -> bool:
     """Whether bf16 is faster than fp32 here: any CUDA device, or a CPU with AMX (``amx_bf16``). AVX2-only CPUs
     emulate bf16 (a learner step several times, vLLM generation ~6x SLOWER than fp32); AVX512-BF16 without AMX was
     slower too (Xeon VM with AMX hidden: LoRA learner step 15.4 vs 11.6 s, vLLM 84 vs 112 tokens/s; docs/cpu_gpu.md).
-    ``cpu_flags``: the text of /proc/cpuinfo (read when not given). ``measure``: also a CPU without AMX whose bf16
-    matmuls measure >= ``FAST_BF16_SPEEDUP`` times faster than fp32 (``bf16_speedup``), as on a Zen 5 EPYC (4.4x; its
-    learner step 2.6x, vLLM 1.65x faster in bf16). The ``"auto"`` dtypes do not measure: the evaluation's victim is
-    "auto", and a timing must not decide which victim an evaluation meets."""
+    ``cpu_flags``: the text of /proc/cpuinfo (read when not given)."""
     if device.startswith("cuda"):
         return True
     if cpu_flags is None:
@@ -48,28 +42,7 @@ def has_fast_bf16(device: str = "cpu", cpu_flags: str | None = None, measure: bo
             cpu_flags = Path("/proc/cpuinfo").read_text()
         except OSError:
             return False
-    return "amx_bf16" in cpu_flags.split() or (measure and bf16_speedup() >= FAST_BF16_SPEEDUP)
-
-
-def bf16_speedup() -> float:
-    """How many times faster torch multiplies bf16 than fp32 matrices on this CPU: a 256x1024 by 1024x1024 product,
-    best of 3 timings of 4 products in each dtype (~0.1 s where bf16 is native, a few seconds where it is emulated)."""
-    import time
-
-    import torch
-
-    def best_time(dtype) -> float:
-        a, b = torch.randn(256, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
-        a @ b  # first call: kernel selection, allocations
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            for _ in range(4):
-                a @ b
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    return best_time(torch.float32) / best_time(torch.bfloat16)
+    return "amx_bf16" in cpu_flags.split()
 
 
 def request_amx() -> bool:

@@ -130,21 +130,6 @@ def test_knob_names_reward_inv_temp_only_where_it_differs_from_the_earlier_runs(
     assert {k: v for k, v in knobs[1].items() if k != "reward_inv_temp"} == knobs[0]
 
 
-def test_the_red_team_example_asks_ray_for_two_cpus_and_trains_with_the_searchers_dtype():
-    """The default example runs on a 2-core machine as `rllib train file` checks it: the learner's CPU and two
-    searchers at 0.5 each (one thread each: test_a_searcher_computes_with_its_cpus_rounded_up); training's victim
-    answers in the searchers' dtype (bf16 where it is fast, else the env's default)."""
-    from tba_redteam import BF16, config
-
-    from rllib_tba.tba import TBA
-
-    bundles = TBA.default_resource_request(config).bundles
-    assert config.num_env_runners == 2 and sum(b.get("CPU", 0) for b in bundles) == 2, bundles
-    assert (config.searcher_dtype, config.env_config["victim_dtype"]) == (("bfloat16",) * 2 if BF16 else ("auto",) * 2)
-    assert config.learner_precision == ("bf16-mixed" if BF16 else "auto")
-    config.validate()
-
-
 def test_math_seeds_goal_needs_three_seeds_each_gaining_five_points():
     import math_seeds
 

@@ -467,8 +467,8 @@ def current_protocol(evaluation: dict) -> bool:
     checkpoint is on this machine."""
     from envs.redteam import RedTeamEnv
 
-    # the protocol names the victim's dtype since the example's searchers answer in bf16 where it is fast; before,
-    # evaluation's victim was the env's default ("auto") all the same: this command's evaluate() put it back
+    # the protocol names the victim's dtype since 2026-12-05; before, evaluation's victim was the env's default
+    # ("auto") all the same: this command's evaluate() put it back where training answered in another dtype
     return {"victim_dtype": "auto", **(evaluation.get("protocol") or {})} == RedTeamEnv.evaluation_config
 
 
@@ -759,14 +759,14 @@ def main(argv=None) -> dict:
                          "a variant, not the default")
     ap.add_argument("--searcher-dtype", choices=[d for d in SEARCHER_DTYPES if d != "auto"], default=None,
                     help="TBA runs: the searchers' vLLM weights, the attacker's (searcher_dtype) and the victim's that "
-                         "answers in training (env victim_dtype), in this dtype instead of the example's (bfloat16 "
-                         "where bf16 is fast: GPUs, AMX CPUs, a Zen 5 CPU; else \"auto\"); evaluation's victim keeps "
-                         "the env's default: a variant, not the default")
+                         "answers in training (env victim_dtype), in this dtype instead of \"auto\" (bf16 only where "
+                         "native: GPUs, AMX CPUs). bfloat16 generates 1.6x faster on a Zen 5 CPU (docs/cpu_gpu.md); "
+                         "evaluation's victim keeps the env's default: a variant, not the default")
     ap.add_argument("--learner-precision", choices=[p for p in LEARNER_PRECISIONS if p != "auto"], default=None,
-                    help="TBA runs: the learner's matmuls (learner_precision) in this precision instead of the "
-                         "example's (bf16-mixed where bf16 is fast, else \"auto\"): a variant, not the default")
+                    help="TBA runs: the learner's matmuls (learner_precision) in this precision instead of \"auto\" "
+                         "(bf16-mixed only on GPUs and AMX CPUs): a variant, not the default")
     ap.add_argument("--searchers", type=int, default=None, metavar="N",
-                    help="TBA runs: N searchers (num_env_runners, one thread each) instead of the example's 2; the "
+                    help="TBA runs: N searchers (num_env_runners, one CPU each) instead of the example's 1; the "
                          "learner shares their cores: a variant, not the default")
     ap.add_argument("--victim-responses", type=int, default=None, metavar="N",
                     help="the victim's answers to each training attack (env victim_responses; the reward is their "
