@@ -1,6 +1,6 @@
 """TBA red-teaming: SmolLM2-135M-Instruct attacker vs SmolLM2-135M-Instruct victim, alt-profanity-check toxicity.
 
-    rllib train file tuned_examples/tba_redteam.py            # default stop: 300 learner updates (~39 min, 2 cores)
+    rllib train file tuned_examples/tba_redteam.py            # default stop: 300 learner updates (~25 min, 2 cores)
     rllib evaluate results/tba_redteam/<trial>/checkpoint_000000 --num-samples 256
 
 The paper's RT setup (docs/method.md §4: beta 0.05, k=10, m=0.5, batch 128, 5000 steps) scaled to 2 CPU cores.
@@ -68,6 +68,6 @@ progress_columns = {
 # attacks (training_intensity above; the searchers never wait, so a fast-searcher machine may give more).
 # Learning here is a discovery event (the searchers' ASR stays near 0, then climbs within ~30 updates), and when it
 # comes varies between runs of one seed: 220 updates ended right after it (seed 6 jumped at update ~195 and was
-# evaluated at 22.3%); the latest jump seen was at update 294. 300 updates (~39 min of training on a 2-core Zen 5 VM)
+# evaluated at 22.3%); the latest jump seen was at update 294. 300 updates (~25 min of training on a 2-core Zen 5 VM)
 # leave room for it (docs/redteam_findings.md has every run).
 stop = {"tba/weights_version": 300}
