@@ -6,13 +6,15 @@
   the node's IP — and rely on Ray's token authentication (on by default in this version).
 - :func:`check_cluster_fits` says up front when an algorithm needs more CPUs than Ray has (Tune would leave the trial
   PENDING forever).
-- :func:`sigterm_as_keyboard_interrupt` makes SIGTERM (``kill``, systemd, Kubernetes) take Ctrl-C's clean path.
+- :func:`sigterm_as_keyboard_interrupt` makes SIGTERM (``kill``, systemd, Kubernetes) take Ctrl-C's clean path;
+  :func:`stop_on_signals` and :func:`wait_for_stop` do the same for a server that blocks until it is told to stop.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 
 def init_local_ray(num_cpus: int | None = None, **kwargs) -> None:
     import ray
@@ -49,3 +51,28 @@ def sigterm_as_keyboard_interrupt() -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def stop_on_signals() -> threading.Event:
+    """SIGINT (Ctrl-C) and SIGTERM raise KeyboardInterrupt in the main thread and set the returned event, which stays
+    set where Ray code caught the KeyboardInterrupt. Call after ``ray.init``, which installs a SIGTERM handler."""
+    stopping = threading.Event()
+
+    def handler(signum, frame):
+        stopping.set()
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
+    return stopping
+
+
+def wait_for_stop(stopping: threading.Event, poll_s: float = 1.0) -> None:
+    """Block until a signal of :func:`stop_on_signals`, then raise KeyboardInterrupt. In short waits: the kernel
+    may hand a process's signal to any thread that does not block it (Ray's and gRPC's threads), and Python runs
+    the handler only when the main thread next runs Python code, so one long ``time.sleep`` kept a stopped server
+    up (``rllib serve`` once ignored SIGINT for 5 min in a test)."""
+    while not stopping.wait(poll_s):
+        pass
+    raise KeyboardInterrupt("stopped by a signal")
+

@@ -127,16 +127,15 @@ def run_server(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, **kwa
     """``rllib serve``: start Serve on host:port and block until Ctrl-C or SIGTERM, then shut Serve and Ray down."""
     import ray
 
-    from rllib_tba.local_ray import init_local_ray, sigterm_as_keyboard_interrupt
+    from rllib_tba.local_ray import init_local_ray, stop_on_signals, wait_for_stop
 
     try:
         init_local_ray()
-        sigterm_as_keyboard_interrupt()  # after ray.init, which installs a SIGTERM handler of its own
+        stopping = stop_on_signals()
         serve.start(http_options={"host": host, "port": port})
         serve.run(build_app(str(Path(checkpoint).resolve()), **kwargs), name="rllib-tba", route_prefix="/")
         print(f"serving {checkpoint} at http://{host}:{port}/v1/completions (Ctrl-C to stop)", flush=True)
-        while True:
-            time.sleep(3600)
+        wait_for_stop(stopping)
     except KeyboardInterrupt:
         print("shutting down", flush=True)
     finally:

@@ -183,3 +183,45 @@ def test_restore_keeps_fresh_flags_and_refuses_another_task(ray_session, tiny_mo
             assert other.weights_version == 0 and len(other.buffer) == 0  # nothing was overwritten
         finally:
             other.stop()
+
+
+def test_a_server_stops_on_a_signal_whichever_thread_the_kernel_handed_it_to():
+    """``rllib serve`` blocks in ``wait_for_stop``. A process's SIGINT may reach a thread other than the main one
+    (Ray's and gRPC's threads do not block it): Python then runs the handler only when the main thread next runs
+    Python code, which a single long sleep put off for good. And a KeyboardInterrupt caught inside Ray code must
+    still stop the server. A watchdog signals the main thread after 10 s, so a hang fails the test instead of
+    blocking it."""
+    import threading
+
+    from rllib_tba.local_ray import stop_on_signals, wait_for_stop
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    idle = threading.Event()
+    other = threading.Thread(target=idle.wait, daemon=True)
+    other.start()
+    watchdog = threading.Timer(10, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+    try:
+        stopping = stop_on_signals()
+        threading.Timer(0.3, signal.pthread_kill, (other.ident, signal.SIGINT)).start()
+        watchdog.start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            wait_for_stop(stopping, poll_s=0.5)
+        assert time.monotonic() - start < 3 and stopping.is_set()
+        watchdog.cancel()
+
+        stopping = stop_on_signals()
+        try:  # as Ray code that catches the KeyboardInterrupt and goes on
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            wait_for_stop(stopping)
+        assert time.monotonic() - start < 0.5
+    finally:
+        watchdog.cancel()
+        idle.set()
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
