@@ -9,6 +9,8 @@ On a GPU machine with the paper's models change three strings: policy_model="gpt
 toxicity="s-nlp/roberta_toxicity_classifier"; and set num_env_runners to the GPUs (searcher_dtype "auto" is bf16 there).
 On a CPU with fast bf16 but no AMX (Zen 5), searcher_dtype="bfloat16" with env_config victim_dtype="bfloat16" trains
 the 300 updates ~1.65x faster, but its attackers evaluated 13-25 points lower; "auto" stays fp32 (docs/cpu_gpu.md).
+There, learner_precision="bf16-mixed" with num_env_runners=2 (searchers kept in fp32) trains the 300 updates in ~19 min
+instead of ~25 and ended at 69.5-73.8% on 3 of 3 seeds (docs/redteam_findings.md).
 """
 
 from rllib_tba import TBAConfig
