@@ -75,4 +75,3 @@ def wait_for_stop(stopping: threading.Event, poll_s: float = 1.0) -> None:
     while not stopping.wait(poll_s):
         pass
     raise KeyboardInterrupt("stopped by a signal")
-
