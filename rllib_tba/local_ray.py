@@ -46,23 +46,20 @@ def check_cluster_fits(config) -> None:
 
 def sigterm_as_keyboard_interrupt() -> None:
     """SIGTERM raises KeyboardInterrupt in the main thread, so ``finally:`` blocks shut Serve/Ray down cleanly."""
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, handler)
+    stop_on_signals((signal.SIGTERM,))
 
 
-def stop_on_signals() -> threading.Event:
-    """SIGINT (Ctrl-C) and SIGTERM raise KeyboardInterrupt in the main thread and set the returned event, which stays
-    set where Ray code caught the KeyboardInterrupt. Call after ``ray.init``, which installs a SIGTERM handler."""
+def stop_on_signals(signals=(signal.SIGINT, signal.SIGTERM)) -> threading.Event:
+    """Each of ``signals`` (default: Ctrl-C and SIGTERM) raises KeyboardInterrupt in the main thread and sets the
+    returned event, which stays set where Ray code caught the KeyboardInterrupt. Call after ``ray.init``, which
+    installs a SIGTERM handler."""
     stopping = threading.Event()
 
     def handler(signum, frame):
         stopping.set()
         raise KeyboardInterrupt(f"signal {signum}")
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in signals:
         signal.signal(sig, handler)
     return stopping
 
