@@ -13,7 +13,9 @@ learner updates on buffer batches without waiting for generation. Every ``sync_e
 weights are sent to the searchers fire-and-forget (a searcher loads them between two generation calls); the learner
 keeps going. Every sample carries the weight version that generated it; staleness = learner version − that version.
 
-Synchronous mode (``async_mode=False``, the speed baseline): generate → add → one update → sync (every k) per step.
+Synchronous mode (``async_mode=False``, the speed baseline): generate → add → updates → sync (every k) per step;
+with ``training_intensity`` the searchers generate again before any update that would exceed it, as the async
+learner waits for samples, so both modes train on as many new samples per update.
 """
 
 from __future__ import annotations
@@ -248,7 +250,9 @@ class TBAConfig(AlgorithmConfig):
                 training_intensity) with none arriving, or with every searcher down and none brought back. Then
                 train() raises SampleWaitTimeout / SearcherFailure with a diagnosis. > 0. Default 600.
             training_intensity: None (the learner never waits for generation, the paper's setting) or the maximum
-                (samples trained on) / (samples generated); the learner then waits for new samples. Default None.
+                (samples trained on) / (samples generated); the learner then waits for new samples (async_mode=False:
+                the searchers generate again before the update, so both modes train on the same data per update).
+                Default None.
             max_staleness: None (unbounded, the paper's setting) or the largest staleness, in learner versions, a
                 sample may have when it is trained on (staleness = learner version − the version that generated it):
                 older samples are evicted from the buffer, and arrivals already older are dropped (both counted,
@@ -765,7 +769,7 @@ class TBA(Algorithm):
         t_learn = time.time()
         batch_size = c.prompts_per_batch * c.num_samples_per_prompt
         for _ in range(c.updates_per_iteration):
-            if c.async_mode and c.training_intensity is not None:
+            if c.training_intensity is not None:  # synchronous: generate more first (same data per update)
                 waited += self._wait_until(
                     lambda: self.samples_trained + batch_size <= c.training_intensity * self.counters["samples_received"],
                     f"samples for training_intensity={c.training_intensity:g}")

@@ -286,6 +286,24 @@ def test_async_learner_updates_while_generation_is_in_flight(ray_session):
         algo.stop()
 
 
+def test_sync_mode_generates_as_many_new_samples_per_update_as_training_intensity_asks(ray_session):
+    """async_mode=False with training_intensity (the synchronous twin of the red-team example): before an update that
+    would train on more than training_intensity samples per sample generated, the searcher generates again, as the
+    async learner waits. 2 steps x 3 updates x 16 samples at intensity 0.5 need 96 / 0.5 = 192 samples generated:
+    12 calls of 16; without it one call per step."""
+    counts = {}
+    for intensity in (0.5, None):
+        algo = tldr_config(async_mode=False, updates_per_iteration=3, training_intensity=intensity).env_runners(
+            num_env_runners=0).build_algo()
+        try:
+            for _ in range(2):
+                algo.train()
+            counts[intensity] = (algo.samples_trained, algo.counters["samples_received"], algo._calls_received)
+        finally:
+            algo.stop()
+    assert counts == {0.5: (96, 192, 12), None: (96, 32, 2)}
+
+
 def test_reference_logprobs_on_searchers(ray_session, tiny_model):
     """ref_logp_on="searchers": each sample arrives with log pi_ref from the searcher's frozen vLLM engine (equal to
     the HF reference forward), the learner holds no reference model and trains on those values."""
