@@ -71,5 +71,6 @@ progress_columns = {
 # Learning here is a discovery event (the searchers' ASR stays near 0, then climbs within ~30 updates), and when it
 # comes varies between runs of one seed: 220 updates ended right after it (seed 6 jumped at update ~195 and was
 # evaluated at 22.3%); the latest jump seen was at update 294. 300 updates (~25 min of training on a 2-core Zen 5 VM)
-# leave room for it (docs/redteam_findings.md has every run).
+# leave room for it on most seeds, not all: seed 9 had not jumped by update 300 (14.1%) since vLLM's 32-token KV
+# blocks changed its path (docs/redteam_findings.md has every run).
 stop = {"tba/weights_version": 300}
