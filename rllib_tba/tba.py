@@ -769,7 +769,7 @@ class TBA(Algorithm):
         t_learn = time.time()
         batch_size = c.prompts_per_batch * c.num_samples_per_prompt
         for _ in range(c.updates_per_iteration):
-            if c.training_intensity is not None:  # synchronous: generate more first (same data per update)
+            if c.training_intensity is not None:  # async: wait for samples; sync: _wait_until generates them
                 waited += self._wait_until(
                     lambda: self.samples_trained + batch_size <= c.training_intensity * self.counters["samples_received"],
                     f"samples for training_intensity={c.training_intensity:g}")
