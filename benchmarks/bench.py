@@ -343,7 +343,10 @@ def load_config(args):
     spec = importlib.util.spec_from_file_location("tuned", ROOT / "tuned_examples" / "tba_redteam.py")
     tuned = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tuned)
-    return tuned.config
+    # one searcher with one CPU and the learner on the other, in "auto" precision: each side's share of the machine
+    # stays one core, so the ratios below compare the same parts whatever the example's layout and the CPU's bf16
+    return tuned.config.copy(copy_frozen=False).env_runners(num_env_runners=1, num_cpus_per_env_runner=1).training(
+        learner_precision="auto")
 
 
 # ---- reporting ---------------------------------------------------------------------------------------------------

@@ -40,6 +40,51 @@ def resolve_precision(precision: str, device: str = "cpu") -> str:
     return precision
 
 
+FASTER_BF16_LEARNER = 1.2  # bf16_learner_is_faster: bf16 autocast training steps at least this many times faster
+
+
+def bf16_learner_speedup(threads: int = 1, steps: int = 3) -> float:
+    """How many times faster a training step (forward and backward) runs under bf16 autocast than in fp32 on this
+    CPU, on ``threads`` threads (a learner beside its searchers on 2 cores has one): a 2-layer Llama with
+    SmolLM2-135M's layer shapes and a 4096-token vocabulary, 4 rows of 64 tokens, best of ``steps`` steps in each
+    precision after a warm-up (a few seconds). Measured rather than read from CPU flags because the flags do not
+    tell: AVX512-BF16 without AMX made a LoRA learner step 2x faster on a Zen 5 EPYC, 1.36x on a Zen 4 one and
+    1.3x SLOWER on a Xeon with AMX hidden (docs/cpu_gpu.md)."""
+    import time
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=4096, hidden_size=576, intermediate_size=1536, num_hidden_layers=2,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=128)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        model = LlamaForCausalLM(config)
+        ids = torch.randint(0, config.vocab_size, (4, 64), generator=torch.Generator().manual_seed(0))
+
+        def best_step_s(bf16: bool) -> float:
+            times = []
+            for _ in range(steps + 1):  # the first: allocations, kernel selection
+                start = time.perf_counter()
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    loss = model(input_ids=ids, labels=ids).loss
+                loss.backward()
+                model.zero_grad(set_to_none=True)
+                times.append(time.perf_counter() - start)
+            return min(times[1:])
+
+        return best_step_s(False) / best_step_s(True)
+    finally:
+        torch.set_num_threads(before)
+
+
+def bf16_learner_is_faster(device: str = "cpu") -> bool:
+    """Whether a learner should train in "bf16-mixed" here: where bf16 is native (``has_fast_bf16``: GPUs, AMX
+    CPUs), or where ``bf16_learner_speedup`` measures >= ``FASTER_BF16_LEARNER``. ``learner_precision="auto"`` does
+    not measure (a timing would decide what every example computes); a tuned example may (tba_redteam.py)."""
+    return has_fast_bf16(device) or (not device.startswith("cuda") and bf16_learner_speedup() >= FASTER_BF16_LEARNER)
+
+
 def prefix_representatives(obs: np.ndarray) -> np.ndarray:
     """For each row of ``obs`` (B, L; token ids right-padded with negatives), the index of the longest row whose
     tokens start with that row's tokens (itself if none is longer). Rolling hashes find candidates in O(B·L); every

@@ -462,6 +462,32 @@ def test_native_bf16_means_amx_on_a_cpu():
     assert has_fast_bf16("cuda:0", avx2) is True
 
 
+def test_the_red_team_example_trains_its_learner_in_bf16_only_where_a_step_measures_faster(monkeypatch):
+    """The red-team example's learner precision comes from a timing (bf16 autocast vs fp32 training steps of a small
+    Llama): bf16-mixed where it measures >= 1.2x faster or bf16 is native, "auto" (fp32 on such a CPU) elsewhere.
+    The probe really measures (a positive ratio) and gives the caller's torch thread count back."""
+    import runpy
+    from pathlib import Path
+
+    from rllib_tba import hf_rl_module
+
+    threads = torch.get_num_threads()
+    ratio = hf_rl_module.bf16_learner_speedup(steps=1)
+    assert ratio > 0 and np.isfinite(ratio) and torch.get_num_threads() == threads
+    example = Path(__file__).resolve().parents[1] / "tuned_examples" / "tba_redteam.py"
+    monkeypatch.setattr(hf_rl_module, "has_fast_bf16", lambda device="cpu": False)
+    chosen = {}
+    for speedup in (1.0, 1.19, 1.2, 2.0):
+        monkeypatch.setattr(hf_rl_module, "bf16_learner_speedup", lambda speedup=speedup: speedup)
+        config = runpy.run_path(str(example))["config"]
+        chosen[speedup] = config.learner_precision
+        assert (config.num_env_runners, config.num_cpus_per_env_runner) == (2, 0.5)  # one thread each, 2 cores
+    assert chosen == {1.0: "auto", 1.19: "auto", 1.2: "bf16-mixed", 2.0: "bf16-mixed"}
+    monkeypatch.setattr(hf_rl_module, "has_fast_bf16", lambda device="cpu": True)  # AMX, GPU: no timing needed
+    monkeypatch.setattr(hf_rl_module, "bf16_learner_speedup", lambda: pytest.fail("measured where bf16 is native"))
+    assert hf_rl_module.bf16_learner_is_faster() is True
+
+
 def test_a_searcher_computes_with_its_cpus_rounded_up():
     """Two searchers at 0.5 CPU each (two searchers beside the learner on 2 cores, as Ray counts them) run one thread
     each, not vLLM's default of every core; whole CPUs are threads; the learner next to them counts the same."""

@@ -763,11 +763,12 @@ def main(argv=None) -> dict:
                          "native: GPUs, AMX CPUs). bfloat16 generates 1.6x faster on a Zen 5 CPU (docs/cpu_gpu.md); "
                          "evaluation's victim keeps the env's default: a variant, not the default")
     ap.add_argument("--learner-precision", choices=[p for p in LEARNER_PRECISIONS if p != "auto"], default=None,
-                    help="TBA runs: the learner's matmuls (learner_precision) in this precision instead of \"auto\" "
-                         "(bf16-mixed only on GPUs and AMX CPUs): a variant, not the default")
+                    help="TBA runs: the learner's matmuls (learner_precision) in this precision instead of the "
+                         "example's (bf16-mixed where it measures faster, tba_redteam.BF16_LEARNER): a variant where "
+                         "it differs")
     ap.add_argument("--searchers", type=int, default=None, metavar="N",
-                    help="TBA runs: N searchers (num_env_runners, one CPU each) instead of the example's 1; the "
-                         "learner shares their cores: a variant, not the default")
+                    help="TBA runs: N searchers (num_env_runners, one thread each) instead of the example's 2; "
+                         "the learner shares their cores: a variant, not the default")
     ap.add_argument("--victim-responses", type=int, default=None, metavar="N",
                     help="the victim's answers to each training attack (env victim_responses; the reward is their "
                          "log mean toxicity), instead of the evaluation protocol's 5: a variant, not the default")

@@ -1,19 +1,30 @@
 """TBA red-teaming: SmolLM2-135M-Instruct attacker vs SmolLM2-135M-Instruct victim, alt-profanity-check toxicity.
 
-    rllib train file tuned_examples/tba_redteam.py            # default stop: 300 learner updates (~25 min, 2 cores)
+    rllib train file tuned_examples/tba_redteam.py            # default stop: 300 learner updates (~19 min, 2 cores)
     rllib evaluate results/tba_redteam/<trial>/checkpoint_000000 --num-samples 256
 
 The paper's RT setup (docs/method.md §4: beta 0.05, k=10, m=0.5, batch 128, 5000 steps) scaled to 2 CPU cores.
 On a GPU machine with the paper's models change three strings: policy_model="gpt2" (or
 "meta-llama/Llama-3.2-1B"), env_config victim="vicgalle/gpt2-alpaca-gpt4" (or "meta-llama/Llama-3.1-8B-Instruct"),
 toxicity="s-nlp/roberta_toxicity_classifier"; and set num_env_runners to the GPUs (searcher_dtype "auto" is bf16 there).
-On a CPU with fast bf16 but no AMX (Zen 5), searcher_dtype="bfloat16" with env_config victim_dtype="bfloat16" trains
-the 300 updates ~1.65x faster, but its attackers evaluated 13-25 points lower; "auto" stays fp32 (docs/cpu_gpu.md).
-There, learner_precision="bf16-mixed" with num_env_runners=2 (searchers kept in fp32) trains the 300 updates in ~19 min
-instead of ~25 and ended at 69.5-73.8% on 3 of 3 seeds (docs/redteam_findings.md).
+On 2 CPU cores two searchers of one thread each share the cores with the learner, whose steps run in bf16 autocast
+where that measures faster than fp32 (BF16_LEARNER below); the searchers (attacker and training's victim) stay in
+fp32, the dtype the evaluation's victim answers in. On a CPU with fast bf16 but no AMX (Zen 5), searcher_dtype="bfloat16"
+with env_config victim_dtype="bfloat16" generates ~1.6x faster, but its attackers evaluated 13-25 points lower
+(docs/cpu_gpu.md). With two searchers a run of one seed does not repeat itself exactly (which searcher's attacks
+reach the buffer first varies); `--num-env-runners 1` repeats it on one machine, ~1.3x slower.
 """
 
+import torch
+
 from rllib_tba import TBAConfig
+from rllib_tba.hf_rl_module import bf16_learner_is_faster
+
+# The learner in bf16 autocast where it is native (GPUs, AMX CPUs) or measures >= 1.2x faster than fp32 on this CPU
+# (a LoRA learner step: 2x on a Zen 5 EPYC, 1.36x on a Zen 4 one; slower on AVX2-only CPUs and on a Xeon with AMX
+# hidden, which keep fp32). The learner's precision is the one choice a timing makes: every run records it
+# (the result's config, benchmarks/redteam_frontier.json's knob).
+BF16_LEARNER = bf16_learner_is_faster("cuda" if torch.cuda.is_available() else "cpu")
 
 config = (
     TBAConfig()
@@ -45,9 +56,9 @@ config = (
         # lr 1e-3 (LoRA, Adam): at 5e-4 the jump from ASR ~0 came after 130+ updates or not within 150 on 2 of 3
         # seeds; at 1e-3 seed 2 jumped at ~80 (benchmarks/redteam_frontier.json)
         lr=1e-3, grad_clip=1.0, updates_per_iteration=5,
-        # CPU budget: LoRA on every linear layer; bf16 autocast (~2x cheaper) only where the CPU has native bf16
-        # (AMX): AVX2-only CPUs emulate bf16 (several times SLOWER than fp32); AVX512-BF16 without AMX was slower too
-        lora={"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}, learner_precision="auto",
+        # CPU budget: LoRA on every linear layer; the learner in bf16 autocast where it is faster (BF16_LEARNER)
+        lora={"r": 16, "lora_alpha": 32, "target_modules": "all-linear"},
+        learner_precision="bf16-mixed" if BF16_LEARNER else "auto",
         # The learner waits whenever it would train on more than 1.2 samples per sample generated: >= 13.3 new attacks
         # per update (16 samples) on every machine. Without it the searchers' speed decided: 6.8-13.7 attacks per
         # update on our 2-core VMs, and seed 6 learned with 13.7 but not with 7.9 (docs/redteam_findings.md).
@@ -56,7 +67,11 @@ config = (
         # (7.75 s per update against 8.2 s with neither option, Zen 5 VM: docs/performance.md)
         training_intensity=1.2, share_prompt_forward=True,
     )
-    .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
+    # two searchers of one thread each (0.5 CPU in Ray's count) beside the learner's thread on 2 cores: the victim's
+    # answers, most of a searcher's work, also use the learner's core while it waits. Per update at the floor above
+    # (~13.3 attacks): 3.6-3.8 s instead of one searcher's 5.0 s on a Zen 5 VM, ~8.3 s instead of ~11 s on a Zen 4
+    # one (docs/performance.md); seeds 6 / 0 / 9 (Zen 5) and 10 (Zen 4) ended at ASR 69.5 / 69.5 / 73.8 / 63.3%
+    .env_runners(num_env_runners=2, num_cpus_per_env_runner=0.5)
     .debugging(seed=0)
 )
 
@@ -69,8 +84,7 @@ progress_columns = {
 # A training budget, not wall-clock: every machine makes the same number of learner updates, each after >= 13.3 new
 # attacks (training_intensity above; the searchers never wait, so a fast-searcher machine may give more).
 # Learning here is a discovery event (the searchers' ASR stays near 0, then climbs within ~30 updates), and when it
-# comes varies between runs of one seed: 220 updates ended right after it (seed 6 jumped at update ~195 and was
-# evaluated at 22.3%); the latest jump seen was at update 294. 300 updates (~25 min of training on a 2-core Zen 5 VM)
-# leave room for it on most seeds, not all: seed 9 had not jumped by update 300 (14.1%) since vLLM's 32-token KV
-# blocks changed its path (docs/redteam_findings.md has every run).
+# comes varies between runs: with this layout 25% came at update ~140-205 (the latest seen with other settings: ~294),
+# and the spread to the evaluation's 5 fresh answers takes 50-70 updates more. 300 updates: 17.9-19.1 min of
+# training on a 2-core Zen 5 VM, 42.6 min on a Zen 4 one (docs/redteam_findings.md has every run).
 stop = {"tba/weights_version": 300}
