@@ -59,8 +59,10 @@ def bf16_learner_speedup(threads: int = 1, steps: int = 3) -> float:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        model = LlamaForCausalLM(config)
-        ids = torch.randint(0, config.vocab_size, (4, 64), generator=torch.Generator().manual_seed(0))
+        with torch.random.fork_rng(devices=[]):  # the caller's random stream is left as it was
+            torch.manual_seed(0)
+            model = LlamaForCausalLM(config)
+            ids = torch.randint(0, config.vocab_size, (4, 64))
 
         def best_step_s(bf16: bool) -> float:
             times = []
@@ -82,7 +84,7 @@ def bf16_learner_is_faster(device: str = "cpu") -> bool:
     """Whether a learner should train in "bf16-mixed" here: where bf16 is native (``has_fast_bf16``: GPUs, AMX
     CPUs), or where ``bf16_learner_speedup`` measures >= ``FASTER_BF16_LEARNER``. ``learner_precision="auto"`` does
     not measure (a timing would decide what every example computes); a tuned example may (tba_redteam.py)."""
-    return has_fast_bf16(device) or (not device.startswith("cuda") and bf16_learner_speedup() >= FASTER_BF16_LEARNER)
+    return has_fast_bf16(device) or bf16_learner_speedup() >= FASTER_BF16_LEARNER
 
 
 def prefix_representatives(obs: np.ndarray) -> np.ndarray:

@@ -465,15 +465,16 @@ def test_native_bf16_means_amx_on_a_cpu():
 def test_the_red_team_example_trains_its_learner_in_bf16_only_where_a_step_measures_faster(monkeypatch):
     """The red-team example's learner precision comes from a timing (bf16 autocast vs fp32 training steps of a small
     Llama): bf16-mixed where it measures >= 1.2x faster or bf16 is native, "auto" (fp32 on such a CPU) elsewhere.
-    The probe really measures (a positive ratio) and gives the caller's torch thread count back."""
+    The probe really measures (a positive ratio) and gives the caller's torch thread count and random state back."""
     import runpy
     from pathlib import Path
 
     from rllib_tba import hf_rl_module
 
-    threads = torch.get_num_threads()
+    threads, rng = torch.get_num_threads(), torch.random.get_rng_state()
     ratio = hf_rl_module.bf16_learner_speedup(steps=1)
     assert ratio > 0 and np.isfinite(ratio) and torch.get_num_threads() == threads
+    assert torch.equal(torch.random.get_rng_state(), rng)  # importing the example does not move a run's random stream
     example = Path(__file__).resolve().parents[1] / "tuned_examples" / "tba_redteam.py"
     monkeypatch.setattr(hf_rl_module, "has_fast_bf16", lambda device="cpu": False)
     chosen = {}
