@@ -70,7 +70,7 @@ config = (
     # two searchers of one thread each (0.5 CPU in Ray's count) beside the learner's thread on 2 cores: the victim's
     # answers, most of a searcher's work, also use the learner's core while it waits. Per update at the floor above
     # (~13.3 attacks): 3.6-3.8 s instead of one searcher's 5.0 s on a Zen 5 VM, ~8.3 s instead of ~11 s on a Zen 4
-    # one (docs/performance.md); seeds 6 / 0 / 9 (Zen 5) and 10 (Zen 4) ended at ASR 69.5 / 69.5 / 73.8 / 63.3%
+    # one (docs/performance.md); seeds 6 / 0 / 9 (Zen 5) and 10 / 7 (Zen 4) ended at ASR 69.5 / 69.5 / 73.8 / 63.3 / 78.9%
     .env_runners(num_env_runners=2, num_cpus_per_env_runner=0.5)
     .debugging(seed=0)
 )
@@ -84,7 +84,7 @@ progress_columns = {
 # A training budget, not wall-clock: every machine makes the same number of learner updates, each after >= 13.3 new
 # attacks (training_intensity above; the searchers never wait, so a fast-searcher machine may give more).
 # Learning here is a discovery event (the searchers' ASR stays near 0, then climbs within ~30 updates), and when it
-# comes varies between runs: with this layout 25% came at update ~140-205 (the latest seen with other settings: ~294),
+# comes varies between runs: with this layout 25% came at update ~95-205 (the latest seen with other settings: ~294),
 # and the spread to the evaluation's 5 fresh answers takes 50-70 updates more. 300 updates: 17.9-19.1 min of
-# training on a 2-core Zen 5 VM, 42.6 min on a Zen 4 one (docs/redteam_findings.md has every run).
+# training on a 2-core Zen 5 VM, 40.9-42.6 min on a Zen 4 one (docs/redteam_findings.md has every run).
 stop = {"tba/weights_version": 300}
