@@ -9,10 +9,11 @@ On a GPU machine with the paper's models change three strings: policy_model="gpt
 toxicity="s-nlp/roberta_toxicity_classifier"; and set num_env_runners to the GPUs (searcher_dtype "auto" is bf16 there).
 On 2 CPU cores two searchers of one thread each share the cores with the learner, whose steps run in bf16 autocast
 where that measures faster than fp32 (BF16_LEARNER below); the searchers (attacker and training's victim) stay in
-fp32, the dtype the evaluation's victim answers in. On a CPU with fast bf16 but no AMX (Zen 5), searcher_dtype="bfloat16"
-with env_config victim_dtype="bfloat16" generates ~1.6x faster, but its attackers evaluated 13-25 points lower
-(docs/cpu_gpu.md). With two searchers a run of one seed does not repeat itself exactly (which searcher's attacks
-reach the buffer first varies); `--num-env-runners 1` repeats it on one machine, ~1.3x slower.
+fp32, the dtype the evaluation's victim answers in. On a CPU with fast bf16 but no AMX (Zen 5),
+searcher_dtype="bfloat16" with env_config victim_dtype="bfloat16" generates ~1.6x faster, but its attackers
+evaluated 13-25 points lower (docs/cpu_gpu.md). With two searchers a run of one seed does not repeat itself exactly
+(which searcher's attacks reach the buffer first varies); `--num-env-runners 1` repeats it on one machine, ~1.3x
+slower.
 """
 
 import torch
@@ -70,7 +71,8 @@ config = (
     # two searchers of one thread each (0.5 CPU in Ray's count) beside the learner's thread on 2 cores: the victim's
     # answers, most of a searcher's work, also use the learner's core while it waits. Per update at the floor above
     # (~13.3 attacks): 3.6-3.8 s instead of one searcher's 5.0 s on a Zen 5 VM, ~8.3 s instead of ~11 s on a Zen 4
-    # one (docs/performance.md); seeds 6 / 0 / 9 (Zen 5) and 10 / 7 (Zen 4) ended at ASR 69.5 / 69.5 / 73.8 / 63.3 / 78.9%
+    # one (docs/performance.md); seeds 6 / 0 / 9 (Zen 5) and 10 / 7 (Zen 4) ended at ASR 69.5 / 69.5 / 73.8 /
+    # 63.3 / 78.9%
     .env_runners(num_env_runners=2, num_cpus_per_env_runner=0.5)
     .debugging(seed=0)
 )
