@@ -12,8 +12,8 @@ where that measures faster than fp32 (BF16_LEARNER below); the searchers (attack
 fp32, the dtype the evaluation's victim answers in. On a CPU with fast bf16 but no AMX (Zen 5),
 searcher_dtype="bfloat16" with env_config victim_dtype="bfloat16" generates ~1.6x faster, but its attackers
 evaluated 13-25 points lower (docs/cpu_gpu.md). With two searchers a run of one seed does not repeat itself exactly
-(which searcher's attacks reach the buffer first varies); `--num-env-runners 1` repeats it on one machine, ~1.3x
-slower.
+(which searcher's attacks reach the buffer first varies); `--num-env-runners 1` is the one-searcher layout, ~1.3x
+slower, whose runs repeated themselves on one machine with an fp32 learner (not checked with a bf16 one).
 """
 
 import torch
