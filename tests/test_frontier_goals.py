@@ -189,6 +189,28 @@ def test_merge_of_a_variant_run_keeps_the_default_examples_runs(tmp_path, monkey
     assert flags == {False: (True, False), True: (False, False)}
 
 
+def test_merge_on_a_machine_whose_learner_precision_differs_keeps_the_other_machines_default_runs(tmp_path, monkeypatch):
+    """The default example picks its learner precision by timing the machine (bf16-mixed on a Zen 5, fp32 "auto" on a
+    Xeon without bf16 instructions): merging on the Xeon keeps the Zen runs the default example — the goals count every
+    machine's seeds — while on the merging machine itself, and for a value the example never picks, knobs must match."""
+    monkeypatch.setattr(frontier.bench, "machine_line", lambda: "xeon")
+    monkeypatch.setattr(frontier.bench, "commit", lambda: "abc1234")
+    monkeypatch.setattr(frontier, "example_budget", lambda args: DEFAULT_STOP)
+    here = {"beta": 0.05, "lr": 0.001, "searchers": 2}  # the example's knob on the Xeon: no learner_precision
+    monkeypatch.setattr(frontier, "example_knob", lambda args: here)
+    bf16 = {**here, "learner_precision": "bf16-mixed"}
+    runs = [run("tba", 0, 0.70, 0.5, default=True, knob=bf16, machine="zen5"),
+            run("tba", 1, 0.54, 0.7, default=True, knob=here, machine="xeon"),
+            run("tba", 2, 0.60, 0.6, knob=bf16, machine="xeon"),  # forced on the Xeon: a variant there
+            run("tba", 3, 0.65, 0.6, knob={**here, "learner_precision": "fp32"}, machine="zen5")]  # never picked
+    data = frontier.merge(tmp_path / "frontier.json", runs, None)
+    flags = {r["train_seed"]: r["default_example"] for r in data["runs"]}
+    assert flags == {0: True, 1: True, 2: False, 3: False}
+    assert data["goals"]["default_example_asr"]["seeds"] == [0, 1]
+    assert not any(r.get("superseded_default") for r in data["runs"])
+    assert frontier.without_measured(bf16) == here == frontier.without_measured(here)
+
+
 def test_updates_option_trains_the_default_settings_longer_as_a_run_of_its_own():
     """--updates N: the default example's settings stopped after N learner updates; not the default example (its bar
     counts only the example as committed), and its own point of the frontier (another stop)."""

@@ -472,18 +472,37 @@ def current_protocol(evaluation: dict) -> bool:
     return {"victim_dtype": "auto", **(evaluation.get("protocol") or {})} == RedTeamEnv.evaluation_config
 
 
+# What the default example picks by timing the machine it runs on (tuned_examples/tba_redteam.py: its learner
+# precision, "bf16-mixed" where a bf16 step measures faster, else "auto", which no knob names): field -> the values
+# it can pick (None: the field absent from the knob)
+MEASURED_BY_EXAMPLE = {"learner_precision": (None, "bf16-mixed")}
+
+
+def without_measured(knob: dict) -> dict:
+    """``knob`` less the values the default example picks by measuring its machine: two runs of the example on
+    machines that picked differently (a Zen 5 in bf16, a Xeon without bf16 instructions in fp32) are both the default."""
+    knob = dict(knob)
+    for field, values in MEASURED_BY_EXAMPLE.items():
+        if knob.get(field) in values:  # another value (forced on the command line) stays: a variant
+            knob.pop(field, None)
+    return knob
+
+
 def merge(path: Path, records: list[dict], args) -> dict:
     """Add ``records`` to the JSON (replacing the same runs) and recompute the goals. ``default_example`` means "the
     current default example": a run of an earlier default (another knob or budget) keeps its results and is marked
     ``superseded_default`` (and is the default example again if the default returns to its settings); a run made as a
-    variant becomes one when the default takes its settings and budget. Runs evaluated
+    variant becomes one when the default takes its settings and budget. A run on another machine is compared
+    ``without_measured``: what the example picks by timing that machine may differ from this one's. Runs evaluated
     under an earlier protocol go to ``runs_earlier_protocol`` (``current_protocol``)."""
     data = json.loads(path.read_text()) if path.is_file() else {"runs": []}
     runs = [r for r in data["runs"] + data.get("runs_earlier_protocol", [])
             if not any(same_run(r, new) for new in records)] + records
-    knob, stop = example_knob(args), example_budget(args)
+    knob, stop, here = example_knob(args), example_budget(args), bench.machine_line()
     for r in runs:
-        current = r["knob"] == knob and r["stop"] == stop
+        # on this machine the example's knob is known; a run elsewhere is the default as its machine measured it
+        current = r["stop"] == stop and (r["knob"] == knob if r["machine"] == here else
+                                          without_measured(r["knob"]) == without_measured(knob))
         if r["default_example"] and not current:
             r.update(default_example=False, superseded_default=True)
         elif current and not r["default_example"]:  # the default went back to, or took, this run's settings and budget
