@@ -2,11 +2,16 @@
 
     .venv/bin/python benchmarks/async_vs_sync.py                       # tiny model, stand-in TL;DR (~2 min)
     .venv/bin/python benchmarks/async_vs_sync.py --model smollm2-135m-instruct --updates 40
+    .venv/bin/python benchmarks/async_vs_sync.py --example redteam --updates 30   # the red-team default (~15 min)
 
 Each mode trains for the same number of learner updates; per iteration it prints the searchers' mean reward,
 staleness (mean/max learner updates between generation and training), buffer size, learner steps/s and searcher
-tokens/s; at the end the wall-clock ratio sync/async. Timings on shared CPU machines are noisy: compare the ratio
-within one run, not absolute numbers across runs.
+tokens/s; at the end the wall-clock ratio sync/async, whole and per update once warm (from the end of the first
+iteration: engine start-up and the buffer's first fill left out). ``--example redteam`` runs
+tuned_examples/tba_redteam.py as it is (its searchers, CPU shares, learner precision and ``training_intensity``)
+against its ``async_mode=False`` twin, the pair of the red-team frontier's time-to-target runs; for the synchronous
+run it also prints how an update's wall-clock splits between generation (all searchers at once) and learning.
+Timings on shared CPU machines are noisy: compare the ratio within one run, not absolute numbers across runs.
 """
 
 from __future__ import annotations
@@ -23,15 +28,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tuned_examples"))
 from tba_tiny import tiny_config  # noqa: E402  (the tiny configuration the tests use, here with CLI overrides)
 
 
-def run(mode: str, args) -> dict:
-    config = tiny_config(
+def build_config(mode: str, args):
+    if args.example == "redteam":
+        from tba_redteam import config as example
+
+        return example.copy(copy_frozen=False).debugging(seed=args.seed).training(async_mode=mode == "async")
+    return tiny_config(
         env=args.env, env_config=json.loads(args.env_config), num_env_runners=1 if mode == "async" else 0,
         seed=args.seed, policy_model=args.model, max_new_tokens=args.max_new_tokens, lr=args.lr, beta=args.beta,
         prompts_per_batch=4, prompts_per_generation=4, min_buffer_size=16, sync_every=args.sync_every,
         searcher_dtype=args.searcher_dtype, async_mode=mode == "async", updates_per_iteration=args.updates_per_iteration,
         training_intensity=args.training_intensity if mode == "async" else None)
-    algo = config.build_algo()
-    rows = []
+
+
+def union_seconds(spans, start: float) -> float:
+    """Wall-clock seconds covered by the (start, end, ...) spans after ``start`` (overlapping spans counted once)."""
+    total, reach = 0.0, start
+    for s, e, *_ in sorted(spans):
+        s, e = max(s, reach), max(e, reach)
+        total, reach = total + e - s, e
+    return total
+
+
+def run(mode: str, args) -> dict:
+    algo = build_config(mode, args).build_algo()
+    rows, ends = [], []  # ends: when each iteration returned
     try:
         start = time.time()
         while algo.weights_version < args.updates:
@@ -44,14 +65,36 @@ def run(mode: str, args) -> dict:
                    "searcher_tokens_per_s": round(float(searchers.get("tokens_per_s", float("nan"))), 1)}
             rows.append(row)
             print(json.dumps(row), flush=True)
-        return {"mode": mode, "seconds": time.time() - start, "final_reward": rows[-1]["reward"],
-                "first_reward": rows[0]["reward"]}
+            ends.append(time.time())
+        first, last = rows[0], rows[-1]
+        out = {"mode": mode, "seconds": ends[-1] - start, "final_reward": last["reward"],
+               "first_reward": first["reward"], "updates": last["updates"],
+               "samples_per_update": algo.counters["samples_received"] / algo.weights_version}
+        if last["updates"] > first["updates"]:
+            warm, warm_updates = ends[0], last["updates"] - first["updates"]  # from the end of the first iteration
+            out["s_per_update"] = (ends[-1] - warm) / warm_updates
+            if mode == "sync":  # generation and learning take turns: where an update's seconds go
+                out["generation_s_per_update"] = union_seconds(algo.timeline["samples"], warm) / warm_updates
+                out["learning_s_per_update"] = union_seconds(algo.timeline["updates"], warm) / warm_updates
+        return out
     finally:
         algo.stop()
 
 
-def main(argv=None):
+def summarize(results: list[dict]) -> dict:
+    summary = {r["mode"]: {k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in results}
+    sync, async_ = results
+    summary["sync_over_async_time"] = round(sync["seconds"] / async_["seconds"], 2)
+    if "s_per_update" in sync and "s_per_update" in async_:
+        summary["sync_over_async_s_per_update"] = round(sync["s_per_update"] / async_["s_per_update"], 2)
+    return summary
+
+
+def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--example", choices=("tiny", "redteam"), default="tiny",
+                    help="tiny: the tiny configuration with the options below; redteam: tuned_examples/tba_redteam.py "
+                         "as it is (only --updates and --seed apply)")
     ap.add_argument("--env", default="tba/TLDR-v0")
     ap.add_argument("--env-config", default="{}")
     ap.add_argument("--model", default="tiny-test")
@@ -65,11 +108,18 @@ def main(argv=None):
     ap.add_argument("--searcher-dtype", default="float32")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    results = [run("sync", args), run("async", args)]
-    summary = {r["mode"]: {k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in results}
-    summary["sync_over_async_time"] = round(results[0]["seconds"] / results[1]["seconds"], 2)
+    if args.updates < 1:
+        ap.error(f"--updates {args.updates}: give a number of learner updates >= 1")
+    started = not ray.is_initialized()  # a caller's Ray (the tests') is used as it is
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        summary = summarize([run("sync", args), run("async", args)])
+    finally:
+        if started:
+            ray.shutdown()
     print(json.dumps(summary, indent=2))
+    return summary
 
 
 if __name__ == "__main__":

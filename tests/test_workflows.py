@@ -638,3 +638,31 @@ def test_math_seeds_quick_writes_the_json_and_the_gain_against_the_start(tmp_pat
     s = data["summary"]
     assert s["runs"] == 2 and not s["goal_met"]  # the goal needs >= 3 seeds
     assert s["mean_gain"] == pytest.approx(sum(gains) / 2) and s["spread"] == pytest.approx(max(gains) - min(gains))
+
+
+def test_union_seconds_counts_overlapping_spans_once():
+    from async_vs_sync import union_seconds
+
+    # two searchers' calls overlapping by 1 s, a gap, a third call; the part before start=1 left out
+    spans = [(0.0, 3.0, "a"), (2.0, 4.0, "b"), (6.0, 7.0, "a")]
+    assert union_seconds(spans, 0.0) == pytest.approx(5.0)
+    assert union_seconds(spans, 1.0) == pytest.approx(4.0)
+    assert union_seconds(spans, 10.0) == 0.0
+
+
+def test_async_vs_sync_benchmark_times_both_modes_per_update():
+    """benchmarks/async_vs_sync.py on the tiny model: both modes reach the updates asked, per-update seconds once
+    warm, the synchronous update split into generation and learning (each a part of its wall-clock)."""
+    proc = subprocess.run([sys.executable, "benchmarks/async_vs_sync.py", "--updates", "6", "--updates-per-iteration",
+                           "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert '"mode": "sync"' in out and '"mode": "async"' in out  # a row per iteration
+    summary = json.loads(out[out.rindex("\n{\n") + 1:])  # the closing summary
+    for mode in ("sync", "async"):
+        assert summary[mode]["updates"] >= 6 and summary[mode]["s_per_update"] > 0
+    sync = summary["sync"]
+    assert 0 < sync["generation_s_per_update"] and 0 < sync["learning_s_per_update"]
+    assert sync["generation_s_per_update"] + sync["learning_s_per_update"] <= sync["s_per_update"] * 1.05
+    assert summary["sync_over_async_s_per_update"] == pytest.approx(
+        sync["s_per_update"] / summary["async"]["s_per_update"], abs=0.01)
