@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/async_vs_sync.py                       # tiny model, stand-in TL;DR (~2 min)
     .venv/bin/python benchmarks/async_vs_sync.py --model smollm2-135m-instruct --updates 40
     .venv/bin/python benchmarks/async_vs_sync.py --example redteam --updates 30   # the red-team default (~15 min)
+    .venv/bin/python benchmarks/async_vs_sync.py --example redteam --updates 30 --searchers 1   # one searcher
 
 Each mode trains for the same number of learner updates; per iteration it prints the searchers' mean reward,
 staleness (mean/max learner updates between generation and training), buffer size, learner steps/s and searcher
@@ -32,7 +33,10 @@ def build_config(mode: str, args):
     if args.example == "redteam":
         from tba_redteam import config as example
 
-        return example.copy(copy_frozen=False).debugging(seed=args.seed).training(async_mode=mode == "async")
+        config = example.copy(copy_frozen=False).debugging(seed=args.seed).training(async_mode=mode == "async")
+        if args.searchers is not None:  # one thread each, 1/N of a CPU in Ray's count: the learner keeps one CPU
+            config.env_runners(num_env_runners=args.searchers, num_cpus_per_env_runner=1 / args.searchers)
+        return config
     return tiny_config(
         env=args.env, env_config=json.loads(args.env_config), num_env_runners=1 if mode == "async" else 0,
         seed=args.seed, policy_model=args.model, max_new_tokens=args.max_new_tokens, lr=args.lr, beta=args.beta,
@@ -94,7 +98,10 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--example", choices=("tiny", "redteam"), default="tiny",
                     help="tiny: the tiny configuration with the options below; redteam: tuned_examples/tba_redteam.py "
-                         "as it is (only --updates and --seed apply)")
+                         "as it is (only --updates, --seed and --searchers apply)")
+    ap.add_argument("--searchers", type=int, default=None, metavar="N",
+                    help="redteam: N searchers of one thread (1/N CPU each) instead of the example's two; 1 is the "
+                         "layout before 2026-12-06")
     ap.add_argument("--env", default="tba/TLDR-v0")
     ap.add_argument("--env-config", default="{}")
     ap.add_argument("--model", default="tiny-test")
@@ -110,6 +117,8 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if args.updates < 1:
         ap.error(f"--updates {args.updates}: give a number of learner updates >= 1")
+    if args.searchers is not None and (args.searchers < 1 or args.example != "redteam"):
+        ap.error(f"--searchers {args.searchers}: give a number of searchers >= 1, with --example redteam")
     started = not ray.is_initialized()  # a caller's Ray (the tests') is used as it is
     if started:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

@@ -650,6 +650,15 @@ def test_union_seconds_counts_overlapping_spans_once():
     assert union_seconds(spans, 10.0) == 0.0
 
 
+def test_async_vs_sync_benchmark_rejects_a_bad_searcher_count_up_front(capsys):
+    from async_vs_sync import main
+
+    for argv in (["--example", "redteam", "--searchers", "0"], ["--searchers", "2"]):  # 2: only for the red team
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "give a number of searchers >= 1, with --example redteam" in capsys.readouterr().err
+
+
 def test_async_vs_sync_benchmark_times_both_modes_per_update():
     """benchmarks/async_vs_sync.py on the tiny model: both modes reach the updates asked, per-update seconds once
     warm, the synchronous update split into generation and learning (each a part of its wall-clock)."""
