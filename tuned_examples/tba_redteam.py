@@ -22,9 +22,9 @@ from rllib_tba import TBAConfig
 from rllib_tba.hf_rl_module import bf16_learner_is_faster
 
 # The learner in bf16 autocast where it is native (GPUs, AMX CPUs) or measures >= 1.2x faster than fp32 on this CPU
-# (a LoRA learner step: 2x on a Zen 5 EPYC, 1.36x on a Zen 4 one; slower on AVX2-only CPUs and on a Xeon with AMX
-# hidden, which keep fp32). The learner's precision is the one choice a timing makes: every run records it
-# (the result's config, benchmarks/redteam_frontier.json's knob).
+# (a LoRA learner step: 2x on a Zen 5 EPYC, 1.36x on a Zen 4 one; slower on AVX2-only CPUs, on a Xeon with AMX
+# hidden and on a Xeon without bf16 instructions (0.34x), which keep fp32). The learner's precision is the one
+# choice a timing makes: every run records it (the result's config, benchmarks/redteam_frontier.json's knob).
 BF16_LEARNER = bf16_learner_is_faster("cuda" if torch.cuda.is_available() else "cpu")
 
 config = (
@@ -71,8 +71,8 @@ config = (
     # two searchers of one thread each (0.5 CPU in Ray's count) beside the learner's thread on 2 cores: the victim's
     # answers, most of a searcher's work, also use the learner's core while it waits. Per update at the floor above
     # (~13.3 attacks): 3.6-3.8 s instead of one searcher's 5.0 s on a Zen 5 VM, ~8.3 s instead of ~11 s on a Zen 4
-    # one (docs/performance.md); seeds 6 / 0 / 9 (Zen 5) and 10 / 7 (Zen 4) ended at ASR 69.5 / 69.5 / 73.8 /
-    # 63.3 / 78.9%
+    # one, 8.4 s on a Xeon with an fp32 learner (docs/performance.md); seeds 6 / 0 / 9 (Zen 5), 10 / 7 (Zen 4) and
+    # 1 (Xeon) ended at ASR 69.5 / 69.5 / 73.8 / 63.3 / 78.9 / 53.5%
     .env_runners(num_env_runners=2, num_cpus_per_env_runner=0.5)
     .debugging(seed=0)
 )
@@ -88,5 +88,6 @@ progress_columns = {
 # Learning here is a discovery event (the searchers' ASR stays near 0, then climbs within ~30 updates), and when it
 # comes varies between runs: with this layout 25% came at update ~95-205 (the latest seen with other settings: ~294),
 # and the spread to the evaluation's 5 fresh answers takes 50-70 updates more. 300 updates: 17.9-19.1 min of
-# training on a 2-core Zen 5 VM, 40.9-42.6 min on a Zen 4 one (docs/redteam_findings.md has every run).
+# training on a 2-core Zen 5 VM, 40.9-42.6 min on a Zen 4 one, 42.1 on a Xeon (docs/redteam_findings.md has every
+# run).
 stop = {"tba/weights_version": 300}
