@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: TBA red-teaming on the embedded SmolLM2-135M-Instruct (attacker and victim), then the
 # red-team metrics of the trained attacker on 256 attacks. Installs what is missing first.
-#   scripts/redteam.sh               # 300 learner updates (~19 min on a Zen 5 AMD EPYC, ~43 on a Zen 4 one) + 3-6 min of start-up and evaluation
+#   scripts/redteam.sh               # 300 learner updates (~19 min on a Zen 5 AMD EPYC, ~43 on a Zen 4 one, ~42 on a Xeon without bf16) + 3-6 min of start-up and evaluation
 #   scripts/redteam.sh --baseline    # only sample and score the UNTRAINED attacker (256 attacks, ~2 min)
 # Extra arguments go to `rllib train file` (e.g. --stop '{"tba/weights_version": 20}', --verbose) or, with --baseline, to
 # `python -m envs.redteam_eval`.
