@@ -28,6 +28,8 @@ import ray
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tuned_examples"))
 from tba_tiny import tiny_config  # noqa: E402  (the tiny configuration the tests use, here with CLI overrides)
 
+from bench import busy_seconds  # noqa: E402  (this folder's bench.py: the same spans, counted the same way)
+
 
 def build_config(mode: str, args):
     if args.example == "redteam":
@@ -43,15 +45,6 @@ def build_config(mode: str, args):
         prompts_per_batch=4, prompts_per_generation=4, min_buffer_size=16, sync_every=args.sync_every,
         searcher_dtype=args.searcher_dtype, async_mode=mode == "async", updates_per_iteration=args.updates_per_iteration,
         training_intensity=args.training_intensity if mode == "async" else None)
-
-
-def union_seconds(spans, start: float) -> float:
-    """Wall-clock seconds covered by the (start, end, ...) spans after ``start`` (overlapping spans counted once)."""
-    total, reach = 0.0, start
-    for s, e, *_ in sorted(spans):
-        s, e = max(s, reach), max(e, reach)
-        total, reach = total + e - s, e
-    return total
 
 
 def run(mode: str, args) -> dict:
@@ -78,8 +71,8 @@ def run(mode: str, args) -> dict:
             warm, warm_updates = ends[0], last["updates"] - first["updates"]  # from the end of the first iteration
             out["s_per_update"] = (ends[-1] - warm) / warm_updates
             if mode == "sync":  # generation and learning take turns: where an update's seconds go
-                out["generation_s_per_update"] = union_seconds(algo.timeline["samples"], warm) / warm_updates
-                out["learning_s_per_update"] = union_seconds(algo.timeline["updates"], warm) / warm_updates
+                out["generation_s_per_update"] = busy_seconds(algo.timeline["samples"], warm) / warm_updates
+                out["learning_s_per_update"] = busy_seconds(algo.timeline["updates"], warm) / warm_updates
         return out
     finally:
         algo.stop()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import pickle
 import platform
@@ -232,8 +233,14 @@ def timed_segments(algo, repeats: int, updates: int) -> dict:
     return {"s_per_update": seconds, "samples_per_update": per_update, "results": results, "spans": spans}
 
 
-def busy_seconds(spans) -> float:
-    return sum(s[1] - s[0] for s in spans)
+def busy_seconds(spans, start: float = -math.inf) -> float:
+    """Wall-clock seconds covered by the (start, end, ...) spans after ``start``; overlapping spans (searchers
+    generating at the same time) count once."""
+    total, reach = 0.0, start
+    for s, e, *_ in sorted(spans):
+        s, e = max(s, reach), max(e, reach)
+        total, reach = total + e - s, e
+    return total
 
 
 def run_all(args) -> dict:

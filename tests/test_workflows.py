@@ -640,14 +640,14 @@ def test_math_seeds_quick_writes_the_json_and_the_gain_against_the_start(tmp_pat
     assert s["mean_gain"] == pytest.approx(sum(gains) / 2) and s["spread"] == pytest.approx(max(gains) - min(gains))
 
 
-def test_union_seconds_counts_overlapping_spans_once():
-    from async_vs_sync import union_seconds
+def test_busy_seconds_counts_overlapping_spans_once():
+    from bench import busy_seconds
 
     # two searchers' calls overlapping by 1 s, a gap, a third call; the part before start=1 left out
     spans = [(0.0, 3.0, "a"), (2.0, 4.0, "b"), (6.0, 7.0, "a")]
-    assert union_seconds(spans, 0.0) == pytest.approx(5.0)
-    assert union_seconds(spans, 1.0) == pytest.approx(4.0)
-    assert union_seconds(spans, 10.0) == 0.0
+    assert busy_seconds(spans) == busy_seconds(spans, 0.0) == pytest.approx(5.0)
+    assert busy_seconds(spans, 1.0) == pytest.approx(4.0)
+    assert busy_seconds(spans, 10.0) == 0.0
 
 
 def test_async_vs_sync_benchmark_rejects_a_bad_searcher_count_up_front(capsys):

@@ -509,7 +509,7 @@ def merge(path: Path, records: list[dict], args) -> dict:
             r.pop("superseded_default", None)
             r["default_example"] = True
     runs.sort(key=lambda r: (r["method"], json.dumps(r["knob"]), r["train_seed"]))
-    data.update(machine=bench.machine_line(), commit=bench.commit(),
+    data.update(machine=here, commit=bench.commit(),
                 runs=[r for r in runs if current_protocol(r["eval"])],
                 runs_earlier_protocol=[r for r in runs if not current_protocol(r["eval"])])
     data["goals"] = goals(data["runs"], data["runs_earlier_protocol"])
