@@ -10,8 +10,8 @@ Its algorithm, loss and learner are RLlib's own; three parts make it run at TBA'
 token: attacks are sampled whole by vLLM (`VLLMEnvRunner`, episodes identical to stepping the env, fp32 log-probs of the sampled
 tokens), the behaviour policy's logits for PPO's KL term are recomputed on the learner
 (`AddActionDistInputsFromModule`), and the RLModule runs the LM once per episode, not once per token-step
-(minibatches are kept in episode order: shuffle_batch_per_epoch=False). Same LoRA learner as tba_redteam.py, in bf16 autocast where the CPU has native bf16 (tba_redteam.py also where a step
-measures faster).
+(minibatches are kept in episode order: shuffle_batch_per_epoch=False). Same LoRA learner as tba_redteam.py, in bf16
+autocast where the CPU has native bf16 (tba_redteam.py also where a step measures faster).
 On a GPU machine with the paper's models change the same strings as in tba_redteam.py.
 """
 
