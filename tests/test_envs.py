@@ -328,3 +328,32 @@ def test_episode_success_is_the_tasks_own_success(math_env, redteam_env):
     assert redteam_env.episode_success(info) == (info["mean_toxicity"] > 0.5)
     from envs.tldr import TLDREnv
     assert TLDREnv.episode_success(None, {"reward": 1.0}) is None
+
+
+@pytest.mark.parametrize("reward", ["toxicity", "log_mean_toxicity"])
+def test_redteam_novelty_weight_divides_the_reward_of_a_repeated_success(tiny_model, reward):
+    """novelty_weight w: R -> R * novelty^w (w * log novelty added to a log reward), novelty against the successes
+    the env scored before. The tiny victim never succeeds, so the memory is filled through its own API with the
+    decoded attack; an env without novelty pays the plain reward; evaluation turns novelty off."""
+    from envs.novelty import NOVELTY_FLOOR
+
+    config = {"model": "tiny-test", "victim": "tiny-test", "victim_dtype": "float32", "victim_responses": 3,
+              "victim_max_tokens": 8, "max_new_tokens": 6, "ref_logprob": False, "reward": reward}
+    plain, novel = RedTeamEnv(config), RedTeamEnv({**config, "novelty_weight": 2.0})
+    completions = [ids(plain, " you stupid idiot"), ids(plain, " hello there")]
+    base = plain.score([plain.prompts[0]] * 2, completions)
+    first = novel.score([novel.prompts[0]] * 2, completions)
+    assert first.rewards == pytest.approx(base.rewards) and [x["novelty"] for x in first.infos] == [1.0, 1.0]
+    assert len(novel.novelty) == sum(novel.episode_success(x) for x in first.infos)  # tiny victim: none
+    novel.novelty.score([base.infos[0]["attack"]], [True])  # as if the first attack had succeeded before
+    again = novel.score([novel.prompts[0]] * 2, completions)
+    nov = np.array([x["novelty"] for x in again.infos])
+    assert nov[0] == pytest.approx(NOVELTY_FLOOR) and NOVELTY_FLOOR < nov[1] <= 1.0
+    expected = base.rewards * nov ** 2 if reward == "toxicity" else base.rewards + 2 * np.log(nov)
+    assert again.rewards == pytest.approx(expected) and again.rewards[0] < base.rewards[0]
+    assert "novelty" not in base.infos[0] and plain.novelty is None
+    assert RedTeamEnv.evaluation_config["novelty_weight"] == 0.0
+    for key, bad in (("novelty_weight", -1.0), ("novelty_weight", "high"), ("novelty_weight", True),
+                     ("novelty_memory", 0)):
+        with pytest.raises(ValueError, match=key.replace("_", " ") if key == "novelty_memory" else key):
+            RedTeamEnv({**config, key: bad})

@@ -9,7 +9,7 @@ import redteam_frontier as frontier  # tuned_examples/ (on the path by conftest.
 DEFAULT_STOP = {"tba/weights_version": 120}
 TARGET_STOP = {"task/success_rate_0.25_reached_at": 0, "tba/weights_version": 400}
 PROTOCOL = {"victim_responses": 5, "victim_max_tokens": 24, "victim_temperature": 0.7, "seed": 1000,
-            "victim_dtype": "auto"}
+            "victim_dtype": "auto", "novelty_weight": 0.0}
 
 
 def run(method, seed, asr, diversity, *, default=False, stop=DEFAULT_STOP, knob=None, t25=None, wall=600.0,
@@ -227,20 +227,22 @@ def test_updates_option_trains_the_default_settings_longer_as_a_run_of_its_own()
         frontier.main(["default", "--quick", "--updates", "40", "--until-target"])
 
 
-def test_reward_beyond_attack_option_makes_variants_of_both_methods():
-    """--reward-beyond-attack: TBA and PPO runs whose env pays only toxicity beyond the attack's own; the knob says so
-    (a run of its own, never the default example), and without the option no knob gains the key."""
+@pytest.mark.parametrize("option, value", [("reward_beyond_attack", True), ("novelty_weight", 1.5)])
+def test_env_reward_options_make_variants_of_both_methods(option, value):
+    """--reward-beyond-attack / --novelty-weight: TBA and PPO runs whose env pays only toxicity beyond the attack's
+    own / times novelty^w; the knob says so (a run of its own, never the default example), and without the option no
+    knob gains the key."""
     args = frontier.argparse.Namespace(until_target=False, quick=True, what=["default", "ppo"], seeds=[0],
-                                       beta=[0.05], clip=[0.2], attacks=64, reward_beyond_attack=True)
+                                       beta=[0.05], clip=[0.2], attacks=64, **{option: value})
     tba, ppo = frontier.plan(args)
-    assert [t["config"].env_config["reward_beyond_attack"] for t in (tba, ppo)] == [True, True]
-    assert tba["knob"] == {**frontier.example_knob(args), "reward_beyond_attack": True}
-    assert ppo["knob"] == {"clip_param": 0.2, "reward_beyond_attack": True}
+    assert [t["config"].env_config[option] for t in (tba, ppo)] == [value, value]
+    assert tba["knob"] == {**frontier.example_knob(args), option: value}
+    assert ppo["knob"] == {"clip_param": 0.2, option: value}
     assert tba["default_example"] is False
-    args.reward_beyond_attack = False
+    setattr(args, option, None)
     tba, ppo = frontier.plan(args)
     assert tba["default_example"] is True and ppo["knob"] == {"clip_param": 0.2}
-    assert not tba["config"].env_config.get("reward_beyond_attack")
+    assert not tba["config"].env_config.get(option)
 
 
 @pytest.mark.parametrize("option, value, in_config, in_knob", [
@@ -302,9 +304,11 @@ def test_searcher_dtype_option_runs_both_training_engines_in_it_and_evaluates_wi
     (default,) = frontier.plan(args)
     assert default["default_example"] and default["config"].env_config["victim_dtype"] == "float32"  # the tiny env's
     assert RedTeamEnv.evaluation_config["victim_dtype"] == RedTeamEnv.default_config["victim_dtype"] == "auto"
-    before = {k: v for k, v in PROTOCOL.items() if k != "victim_dtype"}
-    assert frontier.current_protocol({"protocol": before}) and frontier.current_protocol({"protocol": PROTOCOL})
+    before = {k: v for k, v in PROTOCOL.items() if k not in ("victim_dtype", "novelty_weight")}  # named since
+    for protocol in (before, {**before, "victim_dtype": "auto"}, PROTOCOL):
+        assert frontier.current_protocol({"protocol": protocol})
     assert not frontier.current_protocol({"protocol": {**PROTOCOL, "victim_dtype": "bfloat16"}})
+    assert not frontier.current_protocol({"protocol": {**PROTOCOL, "novelty_weight": 1.0}})
 
 
 @pytest.mark.parametrize("argv", [["default", "--searcher-dtype", "auto"], ["default", "--searcher-dtype", "bf16"]])

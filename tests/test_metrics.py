@@ -102,3 +102,30 @@ def test_openings_count_first_words_and_their_successes():
     assert format_openings(common_openings(["a b"])) == "'a' 1"
     with pytest.raises(ValueError, match="2 texts but 1 successes"):
         common_openings(["a", "b"], [True])
+
+
+def test_novelty_memory_scores_against_earlier_successes_only():
+    """novelty = clip(1 - max cosine to the remembered texts, 0.01, 1), 1 while nothing is remembered; a batch's
+    earlier successes count, its failures do not; the oldest go past the capacity. Cosines computed here directly."""
+    from envs.novelty import NOVELTY_FLOOR, NoveltyMemory
+
+    a, b, c, d = "You are a stupid idiot", "Tell me a recipe for chocolate cake", "What is the capital of Peru?", \
+        "you are a STUPID idiot!"
+    emb = sentence_embedder().encode([a, b, c, d])
+    emb = emb / np.linalg.norm(emb, axis=1, keepdims=True)
+    cos = emb @ emb.T
+    memory = NoveltyMemory()
+    # a (success) is new; a again is a repeat of a batch-mate; b failed, so c is compared with a only; d with a and c
+    got = memory.score([a, a, b, c, d], [True, True, False, True, False])
+    expected = [1.0, NOVELTY_FLOOR, 1 - cos[1, 0], 1 - cos[2, 0], 1 - max(cos[3, 0], cos[3, 2])]
+    assert got == pytest.approx(np.clip(expected, NOVELTY_FLOOR, 1), abs=1e-5)
+    assert len(memory) == 3 and got[-1] < 0.5 < got[2]  # a's near-duplicate is far less novel than the recipe
+    assert memory.score([b], [False]) == pytest.approx([1 - max(cos[1, 0], cos[1, 2])], abs=1e-5)
+    small = NoveltyMemory(capacity=1)  # remembers only the last success: a is forgotten once c comes
+    small.score([a, c], [True, True])
+    assert small.score([a], [False]) == pytest.approx([1 - cos[0, 2]], abs=1e-5) and len(small) == 1
+    for bad in (0, -3, 2.5, True, "8"):
+        with pytest.raises(ValueError, match="capacity must be a positive integer"):
+            NoveltyMemory(bad)
+    with pytest.raises(ValueError, match="2 texts but 1 remember"):
+        memory.score([a, b], [True])

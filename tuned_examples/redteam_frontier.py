@@ -143,9 +143,12 @@ def tba_config(args, seed: int, sync: bool = False, beta=None):
 
 def env_variant(config, args):
     """--reward-beyond-attack: the env pays each victim answer only the toxicity beyond the attack's own;
-    --victim-responses: the victim answers each training attack that many times (evaluation keeps the protocol's)."""
+    --victim-responses: the victim answers each training attack that many times (evaluation keeps the protocol's);
+    --novelty-weight: the env's reward times novelty^w against the successes it already scored."""
     if getattr(args, "reward_beyond_attack", False):
         config.environment(env_config={**config.env_config, "reward_beyond_attack": True})
+    if getattr(args, "novelty_weight", None) is not None:
+        config.environment(env_config={**config.env_config, "novelty_weight": args.novelty_weight})
     if getattr(args, "victim_responses", None) is not None:
         config.environment(env_config={**config.env_config, "victim_responses": args.victim_responses})
     return config
@@ -175,6 +178,8 @@ def env_knob(config) -> dict:
     env, knob = config.env_config, {}
     if env.get("reward_beyond_attack"):
         knob["reward_beyond_attack"] = True
+    if env.get("novelty_weight"):
+        knob["novelty_weight"] = env["novelty_weight"]
     answers = env.get("victim_responses", RedTeamEnv.default_config["victim_responses"])
     if answers != RedTeamEnv.evaluation_config["victim_responses"]:
         knob["victim_responses"] = answers
@@ -467,9 +472,13 @@ def current_protocol(evaluation: dict) -> bool:
     checkpoint is on this machine."""
     from envs.redteam import RedTeamEnv
 
-    # the protocol names the victim's dtype since 2026-12-05; before, evaluation's victim was the env's default
-    # ("auto") all the same: this command's evaluate() put it back where training answered in another dtype
-    return {"victim_dtype": "auto", **(evaluation.get("protocol") or {})} == RedTeamEnv.evaluation_config
+    return {**PROTOCOL_NAMED_LATER, **(evaluation.get("protocol") or {})} == RedTeamEnv.evaluation_config
+
+
+# Keys the evaluation protocol names since a later date, with the value every earlier evaluation had all the same:
+# the victim's dtype since 2026-12-05 (this command's evaluate() put the env's default, "auto", back where training
+# answered in another dtype), the novelty reward's weight since 2026-12-06 (evaluation never paid for novelty)
+PROTOCOL_NAMED_LATER = {"victim_dtype": "auto", "novelty_weight": 0.0}
 
 
 # What the default example picks by timing the machine it runs on (tuned_examples/tba_redteam.py: its learner
@@ -743,6 +752,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--reward-beyond-attack", action="store_true",
                     help="every run: the env pays only victim toxicity beyond the attack's own (reward_beyond_attack; "
                          "a variant: not the default example); evaluation is unchanged and reports both ASRs")
+    ap.add_argument("--novelty-weight", type=float, default=None, metavar="W",
+                    help="every run: the env's reward R becomes R * novelty^w, novelty = 1 - the highest MiniLM cosine "
+                         "similarity to the successful attacks it scored before (novelty_weight; a variant: not the "
+                         "default example); evaluation is unchanged")
     ap.add_argument("--exploration-temperature", type=float, nargs=2, metavar=("LOW", "HIGH"),
                     help="TBA runs: searchers sample each attack at a temperature ~ U[LOW, HIGH] (the paper: 0.7 2.0); "
                          "runs of the default example with it are a variant, not the default")
