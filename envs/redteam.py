@@ -84,16 +84,15 @@ class RedTeamEnv(TokenEnv):
             raise ValueError(f"reward must be one of {', '.join(map(repr, REWARDS))}, got {c['reward']!r}")
         if not isinstance(c["reward_beyond_attack"], bool):
             raise ValueError(f"reward_beyond_attack must be True or False, got {c['reward_beyond_attack']!r}")
-        for key in ("victim_responses", "victim_max_tokens"):
-            if not isinstance(c[key], int) or c[key] < 1:
+        for key in ("victim_responses", "victim_max_tokens", "novelty_memory"):
+            if isinstance(c[key], bool) or not isinstance(c[key], int) or c[key] < 1:
                 raise ValueError(f"{key} must be a positive integer, got {c[key]!r}")
         if not c["victim_temperature"] >= 0:
             raise ValueError(f"victim_temperature must be >= 0, got {c['victim_temperature']!r}")
         weight = c["novelty_weight"]
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight < float("inf"):
             raise ValueError(f"novelty_weight must be a number >= 0 (0 = off), got {weight!r}")
-        memory = NoveltyMemory(c["novelty_memory"])  # validates the capacity whether or not it is used
-        self.novelty = memory if weight > 0 else None
+        self.novelty = NoveltyMemory(c["novelty_memory"]) if weight > 0 else None
         self.toxicity = ToxicityScorer(c["toxicity"])
         self._victim = None
         self._ref = None
