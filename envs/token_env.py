@@ -76,8 +76,8 @@ class TokenEnv(gym.Env):
             raise ValueError(f"{type(self).__name__}: unknown config keys {sorted(unknown)}; allowed: {sorted(self.default_config)}")
         self.config = {**self.default_config, **dict(config or {})}
         self.render_mode = render_mode
-        self.max_new_tokens = _positive_int(self.config, "max_new_tokens")
-        self.max_prompt_tokens = _positive_int(self.config, "max_prompt_tokens")
+        self.max_new_tokens = positive_int(self.config, "max_new_tokens")
+        self.max_prompt_tokens = positive_int(self.config, "max_prompt_tokens")
         if self.config["on_invalid_reward"] not in ("raise", "drop"):
             raise ValueError(f"on_invalid_reward must be 'raise' or 'drop', got {self.config['on_invalid_reward']!r}")
         self.model_path = resolve_model(self.config["model"])
@@ -259,7 +259,7 @@ def _generation_eos_ids(model_path: str) -> list[int]:
     return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
 
 
-def _positive_int(config: dict, key: str) -> int:
+def positive_int(config: dict, key: str) -> int:
     value = config[key]
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{key} must be a positive integer, got {value!r}")
