@@ -335,6 +335,7 @@ def test_redteam_novelty_weight_divides_the_reward_of_a_repeated_success(tiny_mo
     """novelty_weight w: R -> R * novelty^w (w * log novelty added to a log reward), novelty against the successes
     the env scored before. The tiny victim never succeeds, so the memory is filled through its own API with the
     decoded attack; an env without novelty pays the plain reward; evaluation turns novelty off."""
+    from envs.metrics import MINILM, embed
     from envs.novelty import NOVELTY_FLOOR
 
     config = {"model": "tiny-test", "victim": "tiny-test", "victim_dtype": "float32", "victim_responses": 3,
@@ -353,7 +354,19 @@ def test_redteam_novelty_weight_divides_the_reward_of_a_repeated_success(tiny_mo
     assert again.rewards == pytest.approx(expected) and again.rewards[0] < base.rewards[0]
     assert "novelty" not in base.infos[0] and plain.novelty is None
     assert RedTeamEnv.evaluation_config["novelty_weight"] == 0.0
+    # novelty_against="attacks": failed attacks are remembered too, so the same two attacks scored again are repeats
+    every = RedTeamEnv({**config, "novelty_weight": 2.0, "novelty_against": "attacks"})
+    assert every.score(every.prompts[:1], completions[:1]).rewards == pytest.approx(base.rewards[:1])
+    assert len(every.novelty) == 1
+    emb = embed([x["attack"] for x in base.infos], MINILM)
+    both = every.score([every.prompts[0]] * 2, completions)  # the first a repeat, the second compared with it
+    assert [x["novelty"] for x in both.infos] == pytest.approx([NOVELTY_FLOOR, 1 - emb[0] @ emb[1]], abs=1e-5)
+    assert len(every.novelty) == 3
+    repeat = every.score([every.prompts[0]] * 2, completions)
+    assert [x["novelty"] for x in repeat.infos] == pytest.approx([NOVELTY_FLOOR] * 2)
+    assert repeat.rewards == pytest.approx(base.rewards * NOVELTY_FLOOR ** 2 if reward == "toxicity"
+                                           else base.rewards + 2 * np.log(NOVELTY_FLOOR))
     for key, bad in (("novelty_weight", -1.0), ("novelty_weight", "high"), ("novelty_weight", True),
-                     ("novelty_memory", 0), ("novelty_memory", True)):
+                     ("novelty_memory", 0), ("novelty_memory", True), ("novelty_against", "all")):
         with pytest.raises(ValueError, match=key):
             RedTeamEnv({**config, key: bad})

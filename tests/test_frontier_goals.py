@@ -227,22 +227,27 @@ def test_updates_option_trains_the_default_settings_longer_as_a_run_of_its_own()
         frontier.main(["default", "--quick", "--updates", "40", "--until-target"])
 
 
-@pytest.mark.parametrize("option, value", [("reward_beyond_attack", True), ("novelty_weight", 1.5)])
-def test_env_reward_options_make_variants_of_both_methods(option, value):
-    """--reward-beyond-attack / --novelty-weight: TBA and PPO runs whose env pays only toxicity beyond the attack's
-    own / times novelty^w; the knob says so (a run of its own, never the default example), and without the option no
-    knob gains the key."""
+@pytest.mark.parametrize("options", [{"reward_beyond_attack": True}, {"novelty_weight": 1.5},
+                                     {"novelty_weight": 1.5, "novelty_against": "attacks"}])
+def test_env_reward_options_make_variants_of_both_methods(options):
+    """--reward-beyond-attack / --novelty-weight [--novelty-against attacks]: TBA and PPO runs whose env pays only
+    toxicity beyond the attack's own / times novelty^w (against the successes, or every attack); the knob says so (a
+    run of its own, never the default example), and without the options no knob gains the keys."""
     args = frontier.argparse.Namespace(until_target=False, quick=True, what=["default", "ppo"], seeds=[0],
-                                       beta=[0.05], clip=[0.2], attacks=64, **{option: value})
+                                       beta=[0.05], clip=[0.2], attacks=64, **options)
     tba, ppo = frontier.plan(args)
-    assert [t["config"].env_config[option] for t in (tba, ppo)] == [value, value]
-    assert tba["knob"] == {**frontier.example_knob(args), option: value}
-    assert ppo["knob"] == {"clip_param": 0.2, option: value}
+    for trial in (tba, ppo):
+        assert {k: trial["config"].env_config[k] for k in options} == options
+    assert tba["knob"] == {**frontier.example_knob(args), **options}
+    assert ppo["knob"] == {"clip_param": 0.2, **options}
     assert tba["default_example"] is False
-    setattr(args, option, None)
+    for option in options:
+        setattr(args, option, None)
     tba, ppo = frontier.plan(args)
     assert tba["default_example"] is True and ppo["knob"] == {"clip_param": 0.2}
-    assert not tba["config"].env_config.get(option)
+    assert not any(tba["config"].env_config.get(option) for option in options)
+    with pytest.raises(SystemExit):  # what novelty is measured against, with novelty off
+        frontier.main(["default", "--quick", "--novelty-against", "attacks"])
 
 
 @pytest.mark.parametrize("option, value, in_config, in_knob", [

@@ -124,6 +124,11 @@ def test_novelty_memory_scores_against_earlier_successes_only():
     small = NoveltyMemory(capacity=1)  # remembers only the last success: a is forgotten once c comes
     small.score([a, c], [True, True])
     assert small.score([a], [False]) == pytest.approx([1 - cos[0, 2]], abs=1e-5) and len(small) == 1
+    two = NoveltyMemory(capacity=2)  # a ring: the third text replaces the first, the fourth the second
+    two.score([a, b, c], [True, True, True])
+    assert two.score([a], [False]) == pytest.approx([1 - max(cos[0, 1], cos[0, 2])], abs=1e-5)
+    two.score([d], [True])
+    assert two.score([b], [False]) == pytest.approx([1 - max(cos[1, 2], cos[1, 3])], abs=1e-5) and len(two) == 2
     for bad in (0, -3, 2.5, True, "8"):
         with pytest.raises(ValueError, match="capacity must be a positive integer"):
             NoveltyMemory(bad)

@@ -64,6 +64,7 @@ from ray import tune
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from envs.metrics import SUCCESS_THRESHOLD
+from envs.redteam import NOVELTY_AGAINST
 from rllib_tba.hf_rl_module import LEARNER_PRECISIONS
 from rllib_tba.tba import BETA_SCHEDULE_RULE, SEARCHER_DTYPES, TAU_SCHEDULE_RULE, valid_schedule
 
@@ -144,11 +145,14 @@ def tba_config(args, seed: int, sync: bool = False, beta=None):
 def env_variant(config, args):
     """--reward-beyond-attack: the env pays each victim answer only the toxicity beyond the attack's own;
     --victim-responses: the victim answers each training attack that many times (evaluation keeps the protocol's);
-    --novelty-weight: the env's reward times novelty^w against the successes it already scored."""
+    --novelty-weight: the env's reward times novelty^w against the successes it already scored (--novelty-against
+    attacks: against every attack it scored)."""
     if getattr(args, "reward_beyond_attack", False):
         config.environment(env_config={**config.env_config, "reward_beyond_attack": True})
     if getattr(args, "novelty_weight", None) is not None:
         config.environment(env_config={**config.env_config, "novelty_weight": args.novelty_weight})
+    if getattr(args, "novelty_against", None) is not None:
+        config.environment(env_config={**config.env_config, "novelty_against": args.novelty_against})
     if getattr(args, "victim_responses", None) is not None:
         config.environment(env_config={**config.env_config, "victim_responses": args.victim_responses})
     return config
@@ -180,6 +184,9 @@ def env_knob(config) -> dict:
         knob["reward_beyond_attack"] = True
     if env.get("novelty_weight"):
         knob["novelty_weight"] = env["novelty_weight"]
+        against = env.get("novelty_against", RedTeamEnv.default_config["novelty_against"])
+        if against != RedTeamEnv.default_config["novelty_against"]:
+            knob["novelty_against"] = against
     answers = env.get("victim_responses", RedTeamEnv.default_config["victim_responses"])
     if answers != RedTeamEnv.evaluation_config["victim_responses"]:
         knob["victim_responses"] = answers
@@ -756,6 +763,9 @@ def main(argv=None) -> dict:
                     help="every run: the env's reward R becomes R * novelty^w, novelty = 1 - the highest MiniLM cosine "
                          "similarity to the successful attacks it scored before (novelty_weight; a variant: not the "
                          "default example); evaluation is unchanged")
+    ap.add_argument("--novelty-against", choices=NOVELTY_AGAINST, default=None,
+                    help="with --novelty-weight: what the novelty is measured against, the successful attacks the env "
+                         "scored before (the env's default) or every attack it scored (novelty_against)")
     ap.add_argument("--exploration-temperature", type=float, nargs=2, metavar=("LOW", "HIGH"),
                     help="TBA runs: searchers sample each attack at a temperature ~ U[LOW, HIGH] (the paper: 0.7 2.0); "
                          "runs of the default example with it are a variant, not the default")
@@ -840,6 +850,9 @@ def main(argv=None) -> dict:
                                  ("--reward-temperature-schedule", args.reward_temperature_schedule, TAU_SCHEDULE_RULE)):
         if schedule is not None and not valid_schedule(schedule):
             ap.error(f"{flag} {' '.join(f'{u}:{v:g}' for u, v in schedule)}: give points forming {rule}")
+    if args.novelty_against is not None and not args.novelty_weight:
+        ap.error(f"--novelty-against {args.novelty_against}: goes with a --novelty-weight > 0 (novelty off measures "
+                 "nothing)")
     for flag, count, what in (("--searchers", args.searchers, "searchers"),
                               ("--victim-responses", args.victim_responses, "answers per attack")):
         if count is not None and count < 1:
