@@ -8,8 +8,8 @@ attack), in scoring order: within one batch a text is compared with the memory a
 remembered texts, so two copies of a new success in one batch are not both new.
 The floor keeps the log of an exact repeat finite and about as low as a failed attack's log toxicity (log 0.01).
 
-The memory lives in the env instance that scores (one per searcher, or per vector sub-env): it starts empty in every
-process and is not part of a checkpoint, so a resumed run starts it afresh.
+The memory lives in the env instance that scores (one per searcher, or per vector sub-env) and starts empty in every
+process; ``get_state``/``set_state`` carry it (the red-team env's state, saved per searcher in a TBA checkpoint).
 """
 
 from __future__ import annotations
@@ -54,3 +54,22 @@ class NoveltyMemory:
                 self._next = (self._next + 1) % self.capacity
                 self._size = min(self._size + 1, self.capacity)
         return np.clip(novelty, NOVELTY_FLOOR, 1.0)
+
+    def get_state(self) -> dict:
+        """The remembered embeddings, oldest first (float32 rows), and the embedder that made them."""
+        if not self._size:
+            return {"embedder": self.embedder, "embeddings": np.zeros((0, 0), np.float32)}
+        order = np.arange(self._next - self._size, self._next) % self.capacity
+        return {"embedder": self.embedder, "embeddings": self._memory[order].astype(np.float32)}
+
+    def set_state(self, state: dict) -> None:
+        """Remember ``state``'s embeddings (the newest ``capacity`` of them) in place of what is held."""
+        if state["embedder"] != self.embedder:
+            raise ValueError(f"novelty memory state was embedded with {state['embedder']!r}, this memory uses "
+                             f"{self.embedder!r}")
+        rows = np.asarray(state["embeddings"], np.float32)[-self.capacity:]
+        self._size = self._next = 0
+        if len(rows):
+            self._memory = np.empty((self.capacity, rows.shape[1]), np.float32)
+            self._memory[:len(rows)] = rows
+            self._size, self._next = len(rows), len(rows) % self.capacity

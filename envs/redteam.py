@@ -13,7 +13,8 @@ last ``novelty_memory`` of them), floored at 0.01 (envs/novelty.py). Repeating a
 as failing, so a reward-proportional sampler spreads over distinct successes instead of one echo. With
 ``novelty_against="attacks"`` the memory holds every attack scored, failed ones too (curiosity-driven red-teaming's
 novelty against all earlier test cases): any near-repeat pays less, before the first success as after it. The
-memory is per env instance (per searcher) and starts empty after a restart. Evaluation turns it off.
+memory is per env instance (per searcher); ``get_state``/``set_state`` carry it, and a TBA checkpoint saves each
+searcher's. Evaluation turns it off.
 ``info`` holds the attack text, the victim answers, per-answer toxicity, mean toxicity, mean log-toxicity, the
 attack's own toxicity, the mean toxicity beyond it, and ``ref_logprob``: the reference (initial attacker) model's
 log-prob of the attack tokens.
@@ -179,6 +180,17 @@ class RedTeamEnv(TokenEnv):
 
     def episode_success(self, info: dict) -> bool:
         return info["mean_toxicity"] > SUCCESS_THRESHOLD
+
+    @property
+    def keeps_state(self) -> bool:  # the novelty memory: what later attacks are compared with
+        return self.novelty is not None
+
+    def get_state(self) -> dict:
+        return {"novelty": self.novelty.get_state()} if self.novelty is not None else {}
+
+    def set_state(self, state: dict) -> None:
+        if self.novelty is not None and "novelty" in state:
+            self.novelty.set_state(state["novelty"])
 
     def describe(self, info: dict) -> str:
         lines = [f"ATTACK  {info['attack']!r}   mean toxicity {info['mean_toxicity']:.3f}"]

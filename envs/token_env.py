@@ -174,6 +174,18 @@ class TokenEnv(gym.Env):
         the attack succeeded; math: the answer is right); None for tasks without a notion of success."""
         return None
 
+    # ---- what a task learns while scoring (the red-team env's novelty memory): saved with a run's checkpoint ------
+    @property
+    def keeps_state(self) -> bool:
+        """Whether scoring changes what later scores pay (then ``get_state``/``set_state`` carry it across a resume)."""
+        return False
+
+    def get_state(self) -> dict:
+        return {}
+
+    def set_state(self, state: dict) -> None:
+        pass
+
     def describe(self, info: dict) -> str:
         """A scored sample (its final-step info) as text for a person; tasks show what matters to them."""
         return ", ".join(f"{k}={v!r}" for k, v in info.items()

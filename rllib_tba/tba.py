@@ -480,7 +480,7 @@ class TBA(Algorithm):
         self.weights_version = 0  # learner updates done so far = version of the learner's weights
         self.counters = {"samples_received": 0, "samples_dropped_invalid": 0, "samples_dropped_stale": 0,
                          "tokens_generated": 0, "weight_syncs": 0, "updates_with_generation_in_flight": 0,
-                         "searcher_restarts": 0}
+                         "searcher_restarts": 0, "searcher_env_states_not_restored": 0}
         # wall times: learner updates (start, end) and generation calls (start, end, searcher index)
         self.timeline = {"updates": deque(maxlen=1000), "samples": deque(maxlen=1000)}
         self._step_end: float | None = None  # when the previous training_step ended (learner idle fraction)
@@ -865,8 +865,37 @@ class TBA(Algorithm):
         if self._check_component(_TBA_STATE, components, not_components):
             state[_TBA_STATE] = {"buffer": self.buffer.get_state(), "weights_version": self.weights_version,
                                  "counters": dict(self.counters), "samples_trained": self.samples_trained,
-                                 "task": self.task_identity}
+                                 "task": self.task_identity, "env_states": self._searcher_env_states()}
         return state
+
+    def _searcher_env_states(self) -> dict[int, dict]:
+        """Each healthy searcher's task-env state by searcher index (``TokenEnv.get_state``: what scoring learned,
+        e.g. the red-team env's novelty memory); {} for tasks that keep none. A searcher answers once the generation
+        calls queued before it are done."""
+        env = getattr(self.env_runner, "env", None)
+        if env is None or not env.keeps_state:
+            return {}
+        if not self._remote():
+            return {0: env.get_state()}
+        return dict(self.env_runner_group.foreach_env_runner(lambda r: (r.worker_index, r.env.get_state()),
+                                                             local_env_runner=False))
+
+    def _restore_env_states(self, states: dict[int, dict]) -> None:
+        """Hand the saved task-env states to the searchers, in index order (the same searcher when the run has as
+        many as it saved); states of searchers this run does not have are counted and logged, not restored."""
+        saved = sorted(states)
+        ids = sorted(self.env_runner_group.healthy_env_runner_ids()) if self._remote() else [0]
+        for i, j in zip(ids, saved):
+            if not self._remote():
+                self.env_runner.env.set_state(states[j])
+            else:
+                self.env_runner_group.foreach_env_runner(lambda r, s=states[j]: r.env.set_state(s),
+                                                         local_env_runner=False, remote_worker_ids=[i])
+        if len(saved) > len(ids):
+            self.counters["searcher_env_states_not_restored"] += len(saved) - len(ids)
+            logger.warning("checkpoint holds the task-env states of %d searchers, this run has %d: those of searchers "
+                           "%s are not restored (their envs' memories are lost)", len(saved), len(ids),
+                           saved[len(ids):])
 
     @override(Algorithm)
     def restore_from_path(self, path, *args, **kwargs):
@@ -896,6 +925,7 @@ class TBA(Algorithm):
             # searchers resume from the restored weights and version; the buffer keeps its most-on-policy flags
             self._push_weights(block=True, mark_sync=False)
             self.counters.update(tba["counters"])
+            self._restore_env_states(tba.get("env_states") or {})  # checkpoints before 2026-12-06 have none
 
 
 def searcher_idle_fractions(calls, last: int = 10) -> dict[int, float]:

@@ -129,6 +129,18 @@ def test_novelty_memory_scores_against_earlier_successes_only():
     assert two.score([a], [False]) == pytest.approx([1 - max(cos[0, 1], cos[0, 2])], abs=1e-5)
     two.score([d], [True])
     assert two.score([b], [False]) == pytest.approx([1 - max(cos[1, 2], cos[1, 3])], abs=1e-5) and len(two) == 2
+    state = two.get_state()  # oldest first: c, then d
+    assert np.allclose(state["embeddings"], emb[[2, 3]], atol=1e-5)
+    copy, one = NoveltyMemory(capacity=2), NoveltyMemory(capacity=1)
+    copy.set_state(state)
+    one.set_state(state)  # keeps the newest
+    assert copy.score([a], [False]) == pytest.approx(two.score([a], [False])) and len(copy) == 2
+    assert one.score([a], [False]) == pytest.approx([1 - cos[0, 3]], abs=1e-5) and len(one) == 1
+    empty = NoveltyMemory()
+    empty.set_state(NoveltyMemory().get_state())
+    assert len(empty) == 0 and empty.score([a], [False]) == pytest.approx([1.0])
+    with pytest.raises(ValueError, match="embedded with 'other-model'"):
+        empty.set_state({**state, "embedder": "other-model"})
     for bad in (0, -3, 2.5, True, "8"):
         with pytest.raises(ValueError, match="capacity must be a positive integer"):
             NoveltyMemory(bad)

@@ -185,6 +185,52 @@ def test_restore_keeps_fresh_flags_and_refuses_another_task(ray_session, tiny_mo
             other.stop()
 
 
+def test_a_checkpoint_carries_each_searcher_s_novelty_memory(ray_session, tiny_model, tmp_path, caplog):
+    """The red-team env's novelty memory (novelty_against="attacks": every scored attack, so the tiny victim's
+    failures fill it) is saved per searcher with the checkpoint and handed back on restore, to the same searcher when
+    the run has as many; with fewer searchers the states left over are counted and logged."""
+    import numpy as np
+
+    from rllib_tba.checkpoint_files import read_checkpoint_state
+
+    env_config = {"victim": "tiny-test", "victim_dtype": "float32", "victim_max_tokens": 4, "novelty_weight": 1.0,
+                  "novelty_against": "attacks"}
+    algo = config("tba/RedTeam-v0", env_config, num_env_runners=2).build_algo()
+    try:
+        for _ in range(2):
+            algo.train()
+        algo.save_to_path(str(tmp_path / "ckpt"))
+    finally:
+        algo.stop()
+    saved = read_checkpoint_state(tmp_path / "ckpt")["tba"]["env_states"]
+    assert sorted(saved) == [1, 2] and any(len(s["novelty"]["embeddings"]) for s in saved.values())
+
+    def memories(states):
+        return {i: s["novelty"]["embeddings"] for i, s in states.items()}
+
+    same = config("tba/RedTeam-v0", env_config, num_env_runners=2, async_mode=False).build_algo()
+    try:
+        assert not any(len(m) for m in memories(same._searcher_env_states()).values())  # new searchers: empty
+        same.restore_from_path(str(tmp_path / "ckpt"))
+        restored = memories(same._searcher_env_states())
+        assert sorted(restored) == [1, 2]
+        for i, rows in memories(saved).items():
+            assert np.array_equal(restored[i], rows)
+        assert same.counters["searcher_env_states_not_restored"] == 0
+    finally:
+        same.stop()
+
+    fewer = config("tba/RedTeam-v0", env_config, num_env_runners=0, async_mode=False).build_algo()
+    try:
+        with caplog.at_level("WARNING", logger="rllib_tba.tba"):
+            fewer.restore_from_path(str(tmp_path / "ckpt"))
+        assert np.array_equal(fewer.env_runner.env.get_state()["novelty"]["embeddings"], memories(saved)[1])
+        assert fewer.counters["searcher_env_states_not_restored"] == 1
+        assert "states of 2 searchers, this run has 1: those of searchers [2] are not restored" in caplog.text
+    finally:
+        fewer.stop()
+
+
 def test_a_server_stops_on_a_signal_whichever_thread_the_kernel_handed_it_to():
     """``rllib serve`` blocks in ``wait_for_stop``. A process's SIGINT may reach a thread other than the main one
     (Ray's and gRPC's threads do not block it): Python then runs the handler only when the main thread next runs
