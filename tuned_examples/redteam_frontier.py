@@ -64,7 +64,7 @@ from ray import tune
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from envs.metrics import SUCCESS_THRESHOLD
-from envs.redteam import NOVELTY_AGAINST
+from envs.redteam import NOVELTY_AGAINST, RedTeamEnv
 from rllib_tba.hf_rl_module import LEARNER_PRECISIONS
 from rllib_tba.tba import BETA_SCHEDULE_RULE, SEARCHER_DTYPES, TAU_SCHEDULE_RULE, valid_schedule
 
@@ -177,8 +177,6 @@ def ppo_config(args, seed: int, clip=None):
 def env_knob(config) -> dict:
     """The env options of a run that differ from the red-team env's defaults and are not the reward's name: the
     victim's answers per training attack where they are not the evaluation protocol's number."""
-    from envs.redteam import RedTeamEnv
-
     env, knob = config.env_config, {}
     if env.get("reward_beyond_attack"):
         knob["reward_beyond_attack"] = True
@@ -195,8 +193,6 @@ def env_knob(config) -> dict:
 
 def tba_knob(config) -> dict:
     """What distinguishes one TBA run of the frontier from another (besides seed and stop)."""
-    from envs.redteam import RedTeamEnv
-
     knob = {"beta": config.beta, "lr": config.lr,
             "reward": config.env_config.get("reward", RedTeamEnv.default_config["reward"])}
     for field, differs in LEARNER_OPTIONS.items():
@@ -477,8 +473,6 @@ def current_protocol(evaluation: dict) -> bool:
     the very answers it had been rewarded for. Such runs stay in the JSON under ``runs_earlier_protocol`` and count
     only where the evaluation plays no part (``goals``: time to ASR 25%); ``reevaluate`` moves back those whose
     checkpoint is on this machine."""
-    from envs.redteam import RedTeamEnv
-
     return {**PROTOCOL_NAMED_LATER, **(evaluation.get("protocol") or {})} == RedTeamEnv.evaluation_config
 
 
@@ -886,8 +880,6 @@ def main(argv=None) -> dict:
     data = merge(out, [], args)
     paths = plot(data, out.parent)
     if out == DEFAULT_OUT:
-        from envs.redteam import RedTeamEnv
-
         protocol = RedTeamEnv.evaluation_config
         machines = "; ".join(sorted({r["machine"] for r in data["runs"]}))
         bench.replace_readme_block("redteam-frontier", (
