@@ -181,11 +181,7 @@ class RedTeamEnv(TokenEnv):
     def episode_success(self, info: dict) -> bool:
         return info["mean_toxicity"] > SUCCESS_THRESHOLD
 
-    @property
-    def keeps_state(self) -> bool:  # the novelty memory: what later attacks are compared with
-        return self.novelty is not None
-
-    def get_state(self) -> dict:
+    def get_state(self) -> dict:  # the novelty memory: what later attacks are compared with
         return {"novelty": self.novelty.get_state()} if self.novelty is not None else {}
 
     def set_state(self, state: dict) -> None:

@@ -175,12 +175,9 @@ class TokenEnv(gym.Env):
         return None
 
     # ---- what a task learns while scoring (the red-team env's novelty memory): saved with a run's checkpoint ------
-    @property
-    def keeps_state(self) -> bool:
-        """Whether scoring changes what later scores pay (then ``get_state``/``set_state`` carry it across a resume)."""
-        return False
-
     def get_state(self) -> dict:
+        """What scoring changed that later scores depend on, carried across a resume by ``set_state``; {} (the
+        default) for a task whose scores depend on nothing earlier."""
         return {}
 
     def set_state(self, state: dict) -> None:

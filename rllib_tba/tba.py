@@ -870,10 +870,11 @@ class TBA(Algorithm):
 
     def _searcher_env_states(self) -> dict[int, dict]:
         """Each healthy searcher's task-env state by searcher index (``TokenEnv.get_state``: what scoring learned,
-        e.g. the red-team env's novelty memory); {} for tasks that keep none. A searcher answers once the generation
-        calls queued before it are done."""
+        e.g. the red-team env's novelty memory); {} for tasks that keep none (the local runner's env, built from the
+        same config, says so without a call to the searchers). A searcher answers once the generation calls queued
+        before it are done."""
         env = getattr(self.env_runner, "env", None)
-        if env is None or not env.keeps_state:
+        if env is None or not env.get_state():
             return {}
         if not self._remote():
             return {0: env.get_state()}
@@ -884,11 +885,13 @@ class TBA(Algorithm):
         """Hand the saved task-env states to the searchers, in index order (the same searcher when the run has as
         many as it saved); states of searchers this run does not have are counted and logged, not restored."""
         saved = sorted(states)
-        ids = sorted(self.env_runner_group.healthy_env_runner_ids()) if self._remote() else [0]
-        for i, j in zip(ids, saved):
-            if not self._remote():
-                self.env_runner.env.set_state(states[j])
-            else:
+        if not self._remote():  # the local runner is the searcher
+            ids = [0]
+            if saved:
+                self.env_runner.env.set_state(states[saved[0]])
+        else:
+            ids = sorted(self.env_runner_group.healthy_env_runner_ids())
+            for i, j in zip(ids, saved):
                 self.env_runner_group.foreach_env_runner(lambda r, s=states[j]: r.env.set_state(s),
                                                          local_env_runner=False, remote_worker_ids=[i])
         if len(saved) > len(ids):
