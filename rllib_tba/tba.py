@@ -63,6 +63,7 @@ def schedule_rule(value: str) -> str:
 
 BETA_SCHEDULE_RULE = schedule_rule("beta")
 TAU_SCHEDULE_RULE = schedule_rule("tau")
+LR_SCHEDULE_RULE = schedule_rule("lr")
 
 
 def valid_schedule(schedule) -> bool:
@@ -234,7 +235,7 @@ class TBAConfig(AlgorithmConfig):
                 paper's red-teaming: (0.7, 2.0). Default None.
             learn_log_z: Red-team variant: a learned logZ(x) head (linear on mean-pooled prompt states) instead of
                 VarGrad's per-prompt mean. Default False.
-            lr_log_z: Learning rate of that head's own optimizer (> 0). Default 1e-2.
+            lr_log_z: Learning rate of that head's own optimizer (> 0), or a schedule like `lr`'s. Default 1e-2.
             lora: None (full fine-tuning) or a dict of peft.LoraConfig arguments, e.g. {"r": 16, "lora_alpha": 32};
                 searchers receive the merged weights. Default None.
             max_new_tokens: None (use env_config["max_new_tokens"]) or the response length limit in tokens, which
@@ -271,8 +272,10 @@ class TBAConfig(AlgorithmConfig):
                 running prompt + response for every sample: the same log-probs and gradients (up to float
                 rounding) for less compute, the more so the longer the prompt (docs/performance.md). Off under
                 the model's gradient checkpointing. Default True.
-            **kwargs: RLlib's own `AlgorithmConfig.training()` settings: `lr` (GSM8K 1e-5, TL;DR 3e-6; default
-                1e-5), `grad_clip` (default 1.0 as in Lee et al.; None = no clipping), `grad_clip_by`, ...
+            **kwargs: RLlib's own `AlgorithmConfig.training()` settings: `lr` (> 0; GSM8K 1e-5, TL;DR 3e-6; default
+                1e-5), or RLlib's schedule form [[learner_update, lr], ...] — piecewise linear like `beta_schedule`
+                and on the same clock, the weight version (RLlib's own algorithms count env steps instead),
+                `grad_clip` (default 1.0 as in Lee et al.; None = no clipping), `grad_clip_by`, ...
 
         Returns:
             This updated TBAConfig.
@@ -346,6 +349,11 @@ class TBAConfig(AlgorithmConfig):
 
     @override(AlgorithmConfig)
     def validate(self) -> None:
+        for name in ("lr", "lr_log_z"):  # RLlib's schedule form, on the learner's clock; RLlib's own check speaks of
+            schedule = getattr(self, name)  # env-step "timesteps", which TBA's schedules do not count
+            if isinstance(schedule, (list, tuple)) and not (valid_schedule(schedule) and len(schedule) >= 2):
+                self._value_error(f"{name} must be a number > 0 or {schedule_rule(name)} and at least 2 points, "
+                                  f"got {schedule!r}")
         super().validate()
         err = self._value_error
 
@@ -373,8 +381,9 @@ class TBAConfig(AlgorithmConfig):
         number("per_prompt_capacity", 1, integer=True)
         number("min_buffer_size", 1, integer=True)
         number("sampling_temperature", 0, low_open=True)
-        number("lr", 0, low_open=True)
-        number("lr_log_z", 0, low_open=True)
+        for name in ("lr", "lr_log_z"):
+            if not isinstance(getattr(self, name), (list, tuple)):  # a schedule was checked before RLlib's checks
+                number(name, 0, low_open=True)
         number("updates_per_iteration", 1, integer=True)
         number("sample_wait_timeout_s", 0, low_open=True)
         for name in ("async_mode", "dedup", "learn_log_z"):
@@ -829,7 +838,7 @@ class TBA(Algorithm):
         t0 = time.time()
         results = self.learner_group.update(
             **({"batch": batches[0]} if num_shards == 1 else {"batches": batches}),
-            timesteps={WEIGHTS_VERSION: self.weights_version},  # the learner's clock (beta_schedule)
+            timesteps={WEIGHTS_VERSION: self.weights_version},  # the learner's clock (beta_schedule, lr)
         )
         self.timeline["updates"].append((t0, time.time()))
         self.weights_version += 1

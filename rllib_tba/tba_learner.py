@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
+from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 from ray.rllib.utils.schedules.scheduler import Scheduler
 
 from rllib_tba.tb_loss import tb_loss
@@ -80,8 +81,19 @@ class TBATorchLearner(TorchLearner):
     @override(TorchLearner)
     def before_gradient_based_update(self, *, timesteps) -> None:
         super().before_gradient_based_update(timesteps=timesteps)
+        version = timesteps.get(WEIGHTS_VERSION, 0)
         for schedule in (self._beta, self._tau):
-            schedule.update(timesteps.get(WEIGHTS_VERSION, 0))
+            schedule.update(version)
+        # lr schedules (config.lr / lr_log_z as [[update, lr], ...]) on the same clock, set before the update they
+        # apply to (RLlib sets them after each update, from the env steps sampled, which TBA does not count)
+        for optimizer, schedule in self._optimizer_lr_schedules.items():
+            self._set_optimizer_lr(optimizer, lr=schedule.update(timestep=version))
+
+    @override(TorchLearner)
+    def after_gradient_based_update(self, *, timesteps) -> None:
+        # RLlib's step re-reads each lr schedule at NUM_ENV_STEPS_SAMPLED_LIFETIME (and logs the lr): the same clock
+        super().after_gradient_based_update(
+            timesteps={**timesteps, NUM_ENV_STEPS_SAMPLED_LIFETIME: timesteps.get(WEIGHTS_VERSION, 0)})
 
     @override(TorchLearner)
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):

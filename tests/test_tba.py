@@ -32,6 +32,10 @@ def test_public_api_and_tune_registration():
     (dict(generations_per_prompt=2, num_samples_per_prompt=4), r"generations_per_prompt \(S=2\) must be >= num_samples_per_prompt"),
     (dict(eviction="random"), "eviction must be one of"),
     (dict(beta_schedule=[[10, 0.1], [5, 0.05]]), "beta_schedule must be"),
+    (dict(lr=0.0), "lr must be > 0"),
+    (dict(lr=[[5, 1e-3]]), r"lr must be a number > 0 or \[\[learner_update, lr\], \.\.\.\] starting at update 0"),
+    (dict(lr=[[0, 1e-3], [10, -1e-4]]), "lr must be a number > 0 or"),
+    (dict(lr_log_z=[[0, 1e-2], [5, 0]]), r"lr_log_z must be a number > 0 or \[\[learner_update, lr_log_z\]"),
     (dict(sampling_temperature=0), "sampling_temperature must be > 0"),
     (dict(reward_inv_temp=-1.0), "reward_inv_temp must be >= 0"),
     (dict(near_duplicate_jaccard=1.5), "near_duplicate_jaccard must be <= 1"),
@@ -427,6 +431,30 @@ def test_beta_schedule_follows_the_weight_version(tiny_model):
         algo.stop()
     np.testing.assert_allclose([m["beta"] for m in metrics], [1.0, 0.8, 0.6, 0.4, 0.2, 0.2], atol=1e-6)
     np.testing.assert_allclose([m["reward_temperature"] for m in metrics], [2.0, 1.5, 1.0, 1.0, 1.0, 1.0], atol=1e-6)
+
+
+def test_lr_schedule_follows_the_weight_version(tiny_model):
+    """lr given as RLlib's schedule form is read on the same clock: update v runs at lr(v) — Adam moves each weight
+    by ~lr, so updates at lr 1e-12 leave the weights where the update at 1e-3 put them — and the learner logs it."""
+    algo = tldr_config(async_mode=False, lr=[[0, 1e-3], [1, 1e-12], [3, 1e-12], [5, 1e-3]]).env_runners(
+        num_env_runners=0).build_algo()
+
+    def weights():
+        module = algo.learner_group._learner.module["default_policy"].unwrapped()
+        return np.concatenate([p.detach().numpy().ravel().copy() for p in module.lm.parameters() if p.requires_grad])
+
+    try:
+        before, lrs, moves = weights(), [], []
+        for _ in range(5):
+            lrs.append(algo.train()["learners"]["default_policy"]["lm_learning_rate"])
+            after = weights()
+            moves.append(np.abs(after - before).max())
+            before = after
+    finally:
+        algo.stop()
+    np.testing.assert_allclose(lrs, [1e-3, 1e-12, 1e-12, 1e-12, 5e-4 + 5e-13], rtol=1e-6)
+    assert 5e-4 < moves[0] < 2e-3 and 2e-4 < moves[4] < 2e-3, moves
+    assert max(moves[1:4]) < 1e-8, moves
 
 
 def test_auto_precision_uses_bf16_only_where_it_is_native(monkeypatch):

@@ -66,7 +66,7 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from envs.metrics import SUCCESS_THRESHOLD
 from envs.redteam import NOVELTY_AGAINST, RedTeamEnv
 from rllib_tba.hf_rl_module import LEARNER_PRECISIONS
-from rllib_tba.tba import BETA_SCHEDULE_RULE, SEARCHER_DTYPES, TAU_SCHEDULE_RULE, valid_schedule
+from rllib_tba.tba import BETA_SCHEDULE_RULE, LR_SCHEDULE_RULE, SEARCHER_DTYPES, TAU_SCHEDULE_RULE, valid_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tuned_examples"))
@@ -106,8 +106,32 @@ TINY_ENV = {"model": "tiny-test", "victim": "tiny-test", "victim_dtype": "float3
             "max_new_tokens": 6}
 
 
+def learning_rate(text: str) -> float | tuple[int, float]:
+    """One --lr value: a learning rate, or one UPDATE:LR point of a schedule."""
+    if ":" in text:
+        return schedule_point(text)
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a learning rate, e.g. 1e-3, or UPDATE:LR points") from None
+
+
+def lr_option(ap, values: list) -> float | list:
+    """--lr's values as TBAConfig's lr: one rate in (0, 1), or >= 2 UPDATE:LR points forming a schedule."""
+    shown = " ".join(f"{v[0]}:{v[1]:g}" if isinstance(v, tuple) else f"{v:g}" for v in values)
+    if len(values) == 1 and not isinstance(values[0], tuple):
+        if not 0 < values[0] < 1:
+            ap.error(f"--lr {shown}: give a learning rate in (0, 1)")
+        return values[0]
+    if not (all(isinstance(v, tuple) for v in values) and len(values) >= 2 and valid_schedule(values)
+            and all(lr < 1 for _, lr in values)):
+        ap.error(f"--lr {shown}: give one learning rate, or 2 or more UPDATE:LR points forming {LR_SCHEDULE_RULE} "
+                 "(each lr < 1)")
+    return values
+
+
 def schedule_point(text: str) -> tuple[int, float]:
-    """One --beta-schedule / --reward-temperature-schedule point, UPDATE:VALUE (the schedule as a whole is checked by
+    """One --beta-schedule / --reward-temperature-schedule / --lr point, UPDATE:VALUE (the schedule as a whole is checked by
     TBAConfig's own rule)."""
     update, sep, value = text.partition(":")
     try:
@@ -193,7 +217,7 @@ def env_knob(config) -> dict:
 
 def tba_knob(config) -> dict:
     """What distinguishes one TBA run of the frontier from another (besides seed and stop)."""
-    knob = {"beta": config.beta, "lr": config.lr,
+    knob = {"beta": config.beta, "lr": json.loads(json.dumps(config.lr)),  # a schedule's tuples as the JSON's lists
             "reward": config.env_config.get("reward", RedTeamEnv.default_config["reward"])}
     for field, differs in LEARNER_OPTIONS.items():
         value = getattr(config, field)
@@ -770,9 +794,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--learn-log-z", action="store_true",
                     help="TBA runs: learn logZ(x) with its own head and learning rate (learn_log_z=True, Lee et al.'s "
                          "red-team variant) instead of VarGrad's per-prompt batch estimate: a variant, not the default")
-    ap.add_argument("--lr", type=float, default=None,
-                    help="TBA runs: the learner's learning rate (the default example uses 1e-3): a variant, not the "
-                         "default")
+    ap.add_argument("--lr", type=learning_rate, nargs="+", default=None, metavar="LR | UPDATE:LR",
+                    help="TBA runs: the learner's learning rate (the default example uses 1e-3), or a schedule "
+                         "piecewise linear over learner updates, e.g. 0:1e-3 300:1e-3 340:1e-4 (lr as "
+                         "[[update, lr], ...]; it must start at update 0): a variant, not the default")
     ap.add_argument("--replay-inv-temp", dest="reward_inv_temp", type=float, default=None, metavar="INV_TEMP",
                     help="TBA runs: off-policy replay draws with probability softmax(INV_TEMP * reward) (the "
                          "default example uses 2.0; 0 = uniform replay): a variant, not the default")
@@ -831,8 +856,8 @@ def main(argv=None) -> dict:
     if args.updates is not None and (args.updates < 1 or args.until_target):
         ap.error(f"--updates {args.updates}: give a number of learner updates >= 1, and not with --until-target "
                  "(that stops at the target or --max-updates)")
-    if args.lr is not None and not 0 < args.lr < 1:
-        ap.error(f"--lr {args.lr}: give a learning rate in (0, 1)")
+    if args.lr is not None:
+        args.lr = lr_option(ap, args.lr)
     if args.reward_inv_temp is not None and not args.reward_inv_temp >= 0:
         ap.error(f"--replay-inv-temp {args.reward_inv_temp}: give an inverse temperature >= 0 (0 = uniform replay)")
     if args.training_intensity is not None and not 0 < args.training_intensity < math.inf:
