@@ -26,7 +26,7 @@ def _json_arg(text: str):
     except json.JSONDecodeError as e:
         raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg}): {text!r}") from None
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object like '{{\"training_iteration\": 10}}', got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a JSON object like '{{\"name\": value}}', got {text!r}")
     return value
 
 
@@ -90,6 +90,20 @@ def load_experiment_file(path: str):
     return config, stop, columns
 
 
+def override_settings(config, overrides: dict) -> None:
+    """``--config``: the file's settings changed by name (``AlgorithmConfig.update_from_dict``, env_config merged into
+    the file's). A name the config does not have is refused with the closest ones; values are checked by validate()."""
+    import difflib
+
+    known = config.to_dict()
+    for key in overrides:
+        if key not in known:
+            close = difflib.get_close_matches(key, list(known), n=3)
+            raise SystemExit(f"rllib train --config: {key!r} is not a setting of {type(config).__name__}"
+                             + (f" (did you mean {' or '.join(close)}?)" if close else ""))
+    config.update_from_dict(overrides)
+
+
 def cmd_train(args) -> int:
     import logging
     import os
@@ -105,6 +119,8 @@ def cmd_train(args) -> int:
     config, stop, columns = load_experiment_file(args.path)
     if args.stop is not None:  # the command line wins; otherwise the file's `stop` holds
         stop = args.stop
+    if args.config:
+        override_settings(config, args.config)
     if args.num_env_runners is not None:
         config.env_runners(num_env_runners=args.num_env_runners)
     if args.restore:
@@ -261,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     f = train_sub.add_parser("file", help="a .py file defining `config` (AlgorithmConfig) and optionally `stop`")
     f.add_argument("path")
     f.add_argument("--stop", type=_json_arg, default=None, help="Tune stop criteria as JSON; overrides the file's `stop`")
+    f.add_argument("--config", type=_json_arg, default=None,
+                   help='the file\'s settings changed by name as JSON, e.g. \'{"lr": 2e-4, "seed": 1}\' or '
+                        '\'{"env_config": {"novelty_weight": 1.0}}\' (merged into the file\'s env_config)')
     f.add_argument("--checkpoint-freq", type=_int_at_least(0), default=0, help="checkpoint every N iterations (0: never)")
     f.add_argument("--keep-checkpoints", type=_int_at_least(1), default=None,
                    help="keep only the N most recent checkpoints of a trial (default: all)")

@@ -81,13 +81,16 @@ def test_cli_train_writes_tensorboard_scalars(trained):
 
 
 def test_cli_restore_continues_training(trained):
+    """--restore continues from the checkpoint; --config changes a setting of the file for the continuation (here
+    the learning rate, as a schedule over learner updates: the restored run's updates 2+ run at 1e-5)."""
     proc = rllib("train", "file", str(trained["file"]), "--stop", '{"training_iteration": 3}', "--restore",
                  trained["checkpoint"], "--storage-path", str(trained["root"] / "results"), "--name", "resumed",
-                 "--num-cpus", "2")
+                 "--num-cpus", "2", "--config", '{"lr": [[0, 1e-3], [2, 1e-5]]}')
     out = last_json(proc.stdout)
     assert out["training_iteration"] == 3  # continued from iteration 1, not from scratch
     tags = scalar_tags(out["trial_dir"])
     assert tags["ray/tune/tba/weights_version"][0] > 2  # learner updates carried over from the checkpoint
+    np.testing.assert_allclose(tags["ray/tune/learners/default_policy/lm_learning_rate"], 1e-5, rtol=1e-6)
 
 
 def test_cli_resume_after_sigkill_continues_the_same_trial(tmp_path, tiny_model):
@@ -332,6 +335,11 @@ def test_cli_rejects_bad_input(tmp_path):
         (["export", str(tmp_path / "nowhere"), str(tmp_path / "out")], 2, "rllib export: error: "),
         (["train", "file", str(invalid.with_name("ok.py")), "--restore", str(not_a_checkpoint)], 1,
          "is not an algorithm checkpoint (no algorithm_state.pkl)"),
+        (["train", "file", str(invalid.with_name("ok.py")), "--config", '{"lrr": 1e-4}'], 1,
+         "rllib train --config: 'lrr' is not a setting of TBAConfig (did you mean lr"),
+        (["train", "file", str(invalid.with_name("ok.py")), "--config", '{"lr": [[5, 1e-3], [9, 1e-4]]}'], 1,
+         "ok.py: lr must be a number > 0 or [[learner_update, lr], ...] starting at update 0"),
+        (["train", "file", str(path), "--config", '[1]'], 2, "--config: expected a JSON object"),
     ]
     invalid.with_name("ok.py").write_text(EXPERIMENT)
     for args, code, message in cases:
