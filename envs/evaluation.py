@@ -27,16 +27,25 @@ def vllm_generator(env: TokenEnv, model_path: str | None = None, temperature: fl
     return generate
 
 
+def sample_and_score(env: TokenEnv, model_path: str, num_samples: int, temperature: float = 1.0, greedy: bool = False,
+                     seed: int = 0, dtype: str = "auto", batch_size: int = 64):
+    """``evaluate_policy``'s draws, batch by batch: ``(prompts, completions, env.score result)``. Each batch is scored
+    before the next is sampled (the order fixes which responses a seed draws), so a caller gets the very samples
+    `rllib evaluate` scores."""
+    generate = vllm_generator(env, model_path, temperature=0.0 if greedy else temperature, dtype=dtype, seed=seed)
+    prompts = [env.prompts[i % len(env.prompts)] for i in range(num_samples)]
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start:start + batch_size]
+        completions = generate(chunk)
+        yield chunk, completions, env.score(chunk, completions)
+
+
 def evaluate_policy(env: TokenEnv, model_path: str, num_samples: int, temperature: float = 1.0, greedy: bool = False,
                     seed: int = 0, dtype: str = "auto", batch_size: int = 64, return_infos: bool = False):
     """Sample ``num_samples`` responses (prompts cycled through the task's dataset; greedy: one per prompt), score
     them with the env, and return mean reward + the env's task metrics (``env.task_metrics``)."""
-    generate = vllm_generator(env, model_path, temperature=0.0 if greedy else temperature, dtype=dtype, seed=seed)
-    prompts = [env.prompts[i % len(env.prompts)] for i in range(num_samples)]
     rewards, infos = [], []
-    for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start:start + batch_size]
-        result = env.score(chunk, generate(chunk))
+    for _, _, result in sample_and_score(env, model_path, num_samples, temperature, greedy, seed, dtype, batch_size):
         rewards.extend(result.rewards[result.valid].tolist())
         infos.extend(info for info, ok in zip(result.infos, result.valid) if ok)
     metrics = {"num_samples": len(rewards), "reward_mean": float(np.mean(rewards)) if rewards else float("nan"),

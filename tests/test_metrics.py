@@ -146,3 +146,17 @@ def test_novelty_memory_scores_against_earlier_successes_only():
             NoveltyMemory(bad)
     with pytest.raises(ValueError, match="2 texts but 1 remember"):
         memory.score([a, b], [True])
+
+
+def test_echo_reliability_summarises_the_success_matrix():
+    """benchmarks/echo_reliability.py's summary of an (attacks x victim seeds) matrix, column 0 the first draw."""
+    from echo_reliability import reliability
+
+    success = np.array([[1, 1, 1], [1, 0, 1], [0, 0, 0], [0, 1, 0]], bool)
+    summary = reliability(success, ["a", "b", "a", "c"])
+    assert summary["asr_per_seed"] == [0.5, 0.5, 0.5] and summary["asr_mean"] == 0.5
+    assert summary["succeeded_on_every_seed"] == 0.25 and summary["succeeded_on_no_seed"] == 0.25
+    assert summary["fresh_asr_given_success_on_first"] == 0.75  # rows 0 and 1 on seeds 1, 2: 3 of 4
+    assert summary["fresh_asr_given_failure_on_first"] == 0.25  # rows 2 and 3: 1 of 4
+    assert summary["most_common"] == [["a", 2, 0.5], ["b", 1, 2 / 3], ["c", 1, 1 / 3]]
+    assert reliability(np.zeros((2, 2), bool))["fresh_asr_given_success_on_first"] is None

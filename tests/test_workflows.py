@@ -562,6 +562,16 @@ def test_redteam_frontier_quick_writes_the_json_and_both_pictures(tmp_path, tiny
     assert smoothed["smoothing"]["samples"] >= 1 and len(smoothed["smoothing"]["loss_per_epoch"]) == 2
     assert Path(ROOT / smoothed["smoothing"]["checkpoint"], "mle_smoothing.json").is_file()
     assert Path(smoothed["smoothing"]["checkpoint"]).name.startswith("smoothed_e2_r-100_checkpoint_")  # not the default bound's
+    # benchmarks/echo_reliability.py: the evaluation's 16 attacks scored again under a second victim seed; the first
+    # column is `rllib evaluate`'s own draw (the frontier's evaluation of the same checkpoint)
+    checkpoint = next(p.parent for p in (ROOT / tba["trial_dir"]).glob("checkpoint_*/eval_seed0.json"))
+    proc = subprocess.run([str(ROOT / ".venv/bin/python"), "benchmarks/echo_reliability.py", str(checkpoint),
+                           "--victim-seeds", "2", "--num-samples", "16", "--json", str(tmp_path / "echo.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    echo = json.loads((tmp_path / "echo.json").read_text())
+    assert echo["victim_seeds_used"] == [1000, 1001] and echo["attacks"] + echo["invalid_dropped"] == 16
+    assert echo["asr_per_seed"][0] == tba["eval"]["asr"] and sum(n for _, n, _ in echo["most_common"]) <= 16
     # the run's path: its checkpoints at updates 5 and 10 evaluated (update 10's evaluation is the frontier's, reused)
     # and compared with the PPO run
     trial = ROOT / tba["trial_dir"]

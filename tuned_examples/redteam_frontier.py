@@ -14,6 +14,7 @@ drawn from that file.
     python tuned_examples/redteam_frontier.py default --seeds 0 --learn-log-z  # a learned logZ head, not VarGrad
     python tuned_examples/redteam_frontier.py default --seeds 0 --replay-inv-temp 0  # uniform, not reward-prioritised
     python tuned_examples/redteam_frontier.py default --seeds 6 --lr 2e-3  # the learner's step size (LoRA, Adam)
+    python tuned_examples/redteam_frontier.py default --seeds 1 --updates 400 --lr 0:1e-3 300:1e-3 300:2e-4  # lr cut
     python tuned_examples/redteam_frontier.py default --seeds 0 --near-duplicate-jaccard 0.5  # replay spread over modes
     python tuned_examples/redteam_frontier.py default --seeds 0 --updates 320 --beta-schedule 0:0.05 220:0.05 260:0.1
                                                                         # beta raised after the default's 220 updates
