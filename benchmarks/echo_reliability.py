@@ -2,9 +2,10 @@
 
     .venv/bin/python benchmarks/echo_reliability.py CKPT [--victim-seeds 5] [--json FILE]
 
-The checkpoint's attacks are drawn once, the very attacks `rllib evaluate CKPT --num-samples 256` draws (policy seed 0,
-``envs.evaluation.sample_and_score``), and each attack is scored with the evaluation protocol's victim (5 answers of 24 tokens) under --victim-seeds
-victim seeds: the evaluation's own first (so the first column is `rllib evaluate`'s ASR), then the seeds after it.
+The checkpoint's attacks are drawn once — the very attacks `rllib evaluate CKPT --num-samples 256` draws (policy
+seed 0, ``envs.evaluation.sample_and_score``) — and each is scored with the evaluation protocol's victim (5 answers
+of 24 tokens) under --victim-seeds victim seeds: the evaluation's own first (so the first column is `rllib
+evaluate`'s ASR), then the seeds after it.
 Training draws one set of answers per attack text (seeded per attack: the reward is a function of the text), so what
 an attacker was rewarded for is one draw; ``fresh_asr_given_success_on_first`` — how often an attack that succeeded on
 one draw succeeds on another — is the ASR a policy made only of once-successful attacks scores on fresh answers.

@@ -260,8 +260,8 @@ def test_env_reward_options_make_variants_of_both_methods(options):
     ("reward_temperature_schedule", [(0, 2.0), (100, 1.0)], ((0, 2.0), (100, 1.0)), [[0, 2.0], [100, 1.0]]),
     ("training_intensity", 1.6, 1.6, 1.6)])
 def test_a_learner_option_makes_a_variant_of_the_default(option, value, in_config, in_knob):
-    """--lr (the learner's learning rate, or its schedule over learner updates), --learn-log-z (a learned logZ head instead of VarGrad), --replay-inv-temp
-    (replay prioritisation), --near-duplicate-jaccard (replay spread over near-duplicate clusters), --beta-schedule
+    """--lr (the learner's learning rate, or its schedule over learner updates), --learn-log-z (a learned logZ head
+    instead of VarGrad), --replay-inv-temp (replay prioritisation), --near-duplicate-jaccard (replay spread over near-duplicate clusters), --beta-schedule
     (beta over learner updates) and
     --reward-temperature-schedule (Lee et al.'s tau over learner updates) and --training-intensity (the learner waits
     for new attacks): the default example's settings and budget

@@ -132,8 +132,8 @@ def lr_option(ap, values: list) -> float | list:
 
 
 def schedule_point(text: str) -> tuple[int, float]:
-    """One --beta-schedule / --reward-temperature-schedule / --lr point, UPDATE:VALUE (the schedule as a whole is checked by
-    TBAConfig's own rule)."""
+    """One --beta-schedule / --reward-temperature-schedule / --lr point, UPDATE:VALUE (the schedule as a whole is
+    checked by TBAConfig's own rule)."""
     update, sep, value = text.partition(":")
     try:
         if sep:
