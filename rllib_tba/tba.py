@@ -385,6 +385,9 @@ class TBAConfig(AlgorithmConfig):
             if not isinstance(getattr(self, name), (list, tuple)):  # a schedule was checked before RLlib's checks
                 number(name, 0, low_open=True)
         number("updates_per_iteration", 1, integer=True)
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))
+                                      or self.seed < 0):  # numpy's and vLLM's seeding take non-negative integers
+            err(f"seed must be None or an integer >= 0, got {self.seed!r}")
         number("sample_wait_timeout_s", 0, low_open=True)
         for name in ("async_mode", "dedup", "learn_log_z"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):

@@ -63,6 +63,14 @@ def test_validate_rejects_bad_values(change, message):
         config.validate()
 
 
+@pytest.mark.parametrize("seed", ["x", -1, 1.5, True])
+def test_validate_rejects_a_bad_seed(seed):
+    """debugging(seed=...) (or `rllib train --config '{"seed": ...}'`): refused up front, not in the searchers."""
+    with pytest.raises(ValueError, match=f"seed must be None or an integer >= 0, got {seed!r}"):
+        tldr_config().debugging(seed=seed).validate()
+    tldr_config().debugging(seed=None).validate()
+
+
 def test_validate_async_needs_searcher_actors():
     with pytest.raises(ValueError, match="async_mode=True needs num_env_runners >= 1"):
         tldr_config().env_runners(num_env_runners=0).validate()
