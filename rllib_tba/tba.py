@@ -886,10 +886,11 @@ class TBA(Algorithm):
         same config, says so without a call to the searchers). A searcher answers once the generation calls queued
         before it are done."""
         env = getattr(self.env_runner, "env", None)
-        if env is None or not env.get_state():
+        local = env.get_state() if env is not None else {}
+        if not local:
             return {}
         if not self._remote():
-            return {0: env.get_state()}
+            return {0: local}
         return dict(self.env_runner_group.foreach_env_runner(lambda r: (r.worker_index, r.env.get_state()),
                                                              local_env_runner=False))
 
