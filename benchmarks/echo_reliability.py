@@ -37,10 +37,10 @@ def reliability(success: np.ndarray, attacks: list[str] | None = None, top: int 
         "fresh_asr_given_failure_on_first": float(rest[~first].mean()) if (~first).any() else None,
     }
     if attacks is not None:  # the most frequent attack texts, each with its success fraction over the seeds
-        texts, counts = np.unique(np.asarray(attacks, object), return_counts=True)
-        order = np.argsort(-counts, kind="stable")[:top]
-        rate = {t: float(s[np.asarray(attacks, object) == t].mean()) for t in texts[order]}
-        summary["most_common"] = [[str(texts[i]), int(counts[i]), rate[texts[i]]] for i in order]
+        texts = np.asarray(attacks, object)
+        unique, counts = np.unique(texts, return_counts=True)
+        summary["most_common"] = [[str(unique[i]), int(counts[i]), float(s[texts == unique[i]].mean())]
+                                  for i in np.argsort(-counts, kind="stable")[:top]]
     return summary
 
 
