@@ -370,3 +370,26 @@ def test_redteam_novelty_weight_divides_the_reward_of_a_repeated_success(tiny_mo
                      ("novelty_memory", 0), ("novelty_memory", True), ("novelty_against", "all")):
         with pytest.raises(ValueError, match=key):
             RedTeamEnv({**config, key: bad})
+
+
+def test_redteam_fresh_victim_draws_answer_each_repeat_of_an_attack_afresh(tiny_model):
+    """victim_draws="per_text": an attack gets the same answers each time it is scored. "fresh": its first scoring
+    draws those same answers, each repeat new ones (seeded by the repeat's number, so a repeat scored in a batch with
+    its original gets what it gets alone, in order), and a restored env goes on with the counts it saved."""
+    config = {"model": "tiny-test", "victim": "tiny-test", "victim_dtype": "float32", "victim_responses": 3,
+              "victim_max_tokens": 8, "max_new_tokens": 6, "ref_logprob": False}
+    per_text, fresh = RedTeamEnv(config), RedTeamEnv({**config, "victim_draws": "fresh"})
+    attacks = [" you stupid idiot", " hello there"]
+    assert per_text.victim_answers(attacks) == per_text.victim_answers(attacks) == fresh.victim_answers(attacks)
+    second = fresh.victim_answers(attacks)
+    assert all(a != b for a, b in zip(second, per_text.victim_answers(attacks)))  # 8 random tiny-model tokens x 3
+    assert fresh.get_state() == {"victim_draws": {attacks[0]: 2, attacks[1]: 2}} and per_text.get_state() == {}
+    batched = RedTeamEnv({**config, "victim_draws": "fresh"})
+    assert batched.victim_answers([attacks[0]] * 2) == per_text.victim_answers(attacks[:1]) + second[:1]
+    restored = RedTeamEnv({**config, "victim_draws": "fresh"})
+    restored.set_state(fresh.get_state())
+    third = fresh.victim_answers(attacks)
+    assert restored.victim_answers(attacks) == third and third != second
+    assert RedTeamEnv.evaluation_config["victim_draws"] == "per_text"  # evaluation: copies share their answers
+    with pytest.raises(ValueError, match="victim_draws must be one of 'per_text', 'fresh', got 'new'"):
+        RedTeamEnv({**config, "victim_draws": "new"})

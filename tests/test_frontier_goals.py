@@ -9,7 +9,7 @@ import redteam_frontier as frontier  # tuned_examples/ (on the path by conftest.
 DEFAULT_STOP = {"tba/weights_version": 120}
 TARGET_STOP = {"task/success_rate_0.25_reached_at": 0, "tba/weights_version": 400}
 PROTOCOL = {"victim_responses": 5, "victim_max_tokens": 24, "victim_temperature": 0.7, "seed": 1000,
-            "victim_dtype": "auto", "novelty_weight": 0.0}
+            "victim_dtype": "auto", "novelty_weight": 0.0, "victim_draws": "per_text"}
 
 
 def run(method, seed, asr, diversity, *, default=False, stop=DEFAULT_STOP, knob=None, t25=None, wall=600.0,
@@ -311,11 +311,12 @@ def test_searcher_dtype_option_runs_both_training_engines_in_it_and_evaluates_wi
     (default,) = frontier.plan(args)
     assert default["default_example"] and default["config"].env_config["victim_dtype"] == "float32"  # the tiny env's
     assert RedTeamEnv.evaluation_config["victim_dtype"] == RedTeamEnv.default_config["victim_dtype"] == "auto"
-    before = {k: v for k, v in PROTOCOL.items() if k not in ("victim_dtype", "novelty_weight")}  # named since
-    for protocol in (before, {**before, "victim_dtype": "auto"}, PROTOCOL):
-        assert frontier.current_protocol({"protocol": protocol})
+    before = {k: v for k, v in PROTOCOL.items() if k not in ("victim_dtype", "novelty_weight", "victim_draws")}
+    for protocol in (before, {**before, "victim_dtype": "auto"}, {**before, "victim_draws": "per_text"}, PROTOCOL):
+        assert frontier.current_protocol({"protocol": protocol})  # keys named since: their one earlier value
     assert not frontier.current_protocol({"protocol": {**PROTOCOL, "victim_dtype": "bfloat16"}})
     assert not frontier.current_protocol({"protocol": {**PROTOCOL, "novelty_weight": 1.0}})
+    assert not frontier.current_protocol({"protocol": {**PROTOCOL, "victim_draws": "fresh"}})
 
 
 @pytest.mark.parametrize("argv", [["default", "--searcher-dtype", "auto"], ["default", "--searcher-dtype", "bf16"]])
@@ -495,19 +496,21 @@ def test_a_pooled_smoothing_counts_its_runs_as_trained_one_after_another(tmp_pat
 
 
 def test_training_victim_answers_learner_precision_and_searchers_are_variants(monkeypatch):
-    """--victim-responses 3 (the victim's answers to each training attack, TBA and PPO alike), --learner-precision
-    bf16-mixed and --searchers 3: variants whose knobs say so; the answers enter a knob only where they differ from
-    the evaluation protocol's 5 (which `rllib evaluate` keeps whatever training used: test_redteam_frontier_quick_...);
-    with more searchers than the machine has cores beside the learner, Ray is told of a CPU slot for each."""
+    """--victim-responses 3 and --victim-draws fresh (the victim's answers to each training attack, TBA and PPO
+    alike), --learner-precision bf16-mixed and --searchers 3: variants whose knobs say so; the answers enter a knob
+    only where they differ from the evaluation protocol's (which `rllib evaluate` keeps whatever training used:
+    test_redteam_frontier_quick_...); with more searchers than the machine has cores beside the learner, Ray is told
+    of a CPU slot for each."""
     args = frontier.argparse.Namespace(until_target=False, quick=True, what=["default", "ppo"], seeds=[0], beta=[0.05],
                                        clip=[0.2], attacks=64, victim_responses=3, learner_precision="bf16-mixed",
-                                       searchers=3)
+                                       searchers=3, victim_draws="fresh")
     tba, ppo = frontier.plan(args)
     assert tba["config"].env_config["victim_responses"] == ppo["config"].env_config["victim_responses"] == 3
+    assert tba["config"].env_config["victim_draws"] == ppo["config"].env_config["victim_draws"] == "fresh"
     assert (tba["config"].learner_precision, tba["config"].num_env_runners) == ("bf16-mixed", 3)
     assert tba["knob"] == {**frontier.example_knob(args), "learner_precision": "bf16-mixed", "searchers": 3,
-                           "victim_responses": 3}
-    assert ppo["knob"] == {"clip_param": 0.2, "victim_responses": 3}
+                           "victim_responses": 3, "victim_draws": "fresh"}
+    assert ppo["knob"] == {"clip_param": 0.2, "victim_responses": 3, "victim_draws": "fresh"}
     assert not tba["default_example"]
     tba["config"].validate()
     started = []
@@ -517,14 +520,15 @@ def test_training_victim_answers_learner_precision_and_searchers_are_variants(mo
     args.searchers = None
     frontier.start_ray(args)
     assert started == [4, 2]  # 3 searchers + the learner; --quick's own 2 otherwise
-    args.victim_responses, args.learner_precision = 5, None
+    args.victim_responses, args.learner_precision, args.victim_draws = 5, None, None
     tba, ppo = frontier.plan(args)
     assert tba["default_example"] and ppo["knob"] == {"clip_param": 0.2}
 
 
 @pytest.mark.parametrize("argv, error", [(["default", "--victim-responses", "0"], "give a positive number of answers"),
                                          (["default", "--searchers", "0"], "give a positive number of searchers"),
-                                         (["default", "--learner-precision", "auto"], "invalid choice")])
+                                         (["default", "--learner-precision", "auto"], "invalid choice"),
+                                         (["default", "--victim-draws", "new"], "invalid choice")])
 def test_training_variant_options_refuse_values_they_cannot_run(argv, error, capsys):
     with pytest.raises(SystemExit):
         frontier.main(argv)

@@ -65,7 +65,7 @@ from ray import tune
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from envs.metrics import SUCCESS_THRESHOLD
-from envs.redteam import NOVELTY_AGAINST, RedTeamEnv
+from envs.redteam import NOVELTY_AGAINST, VICTIM_DRAWS, RedTeamEnv
 from rllib_tba.hf_rl_module import LEARNER_PRECISIONS
 from rllib_tba.tba import BETA_SCHEDULE_RULE, LR_SCHEDULE_RULE, SEARCHER_DTYPES, TAU_SCHEDULE_RULE, valid_schedule
 
@@ -170,6 +170,7 @@ def tba_config(args, seed: int, sync: bool = False, beta=None):
 def env_variant(config, args):
     """--reward-beyond-attack: the env pays each victim answer only the toxicity beyond the attack's own;
     --victim-responses: the victim answers each training attack that many times (evaluation keeps the protocol's);
+    --victim-draws fresh: each repeat of a training attack is answered afresh (evaluation keeps the protocol's);
     --novelty-weight: the env's reward times novelty^w against the successes it already scored (--novelty-against
     attacks: against every attack it scored)."""
     if getattr(args, "reward_beyond_attack", False):
@@ -180,6 +181,8 @@ def env_variant(config, args):
         config.environment(env_config={**config.env_config, "novelty_against": args.novelty_against})
     if getattr(args, "victim_responses", None) is not None:
         config.environment(env_config={**config.env_config, "victim_responses": args.victim_responses})
+    if getattr(args, "victim_draws", None) is not None:
+        config.environment(env_config={**config.env_config, "victim_draws": args.victim_draws})
     return config
 
 
@@ -213,6 +216,9 @@ def env_knob(config) -> dict:
     answers = env.get("victim_responses", RedTeamEnv.default_config["victim_responses"])
     if answers != RedTeamEnv.evaluation_config["victim_responses"]:
         knob["victim_responses"] = answers
+    draws = env.get("victim_draws", RedTeamEnv.default_config["victim_draws"])
+    if draws != RedTeamEnv.default_config["victim_draws"]:
+        knob["victim_draws"] = draws
     return knob
 
 
@@ -503,8 +509,9 @@ def current_protocol(evaluation: dict) -> bool:
 
 # Keys the evaluation protocol names since a later date, with the value every earlier evaluation had all the same:
 # the victim's dtype since 2026-12-05 (this command's evaluate() put the env's default, "auto", back where training
-# answered in another dtype), the novelty reward's weight since 2026-12-06 (evaluation never paid for novelty)
-PROTOCOL_NAMED_LATER = {"victim_dtype": "auto", "novelty_weight": 0.0}
+# answered in another dtype), the novelty reward's weight since 2026-12-06 (evaluation never paid for novelty), the
+# victim's draws per text since 2026-12-07 (copies of one attack always shared their answers)
+PROTOCOL_NAMED_LATER = {"victim_dtype": "auto", "novelty_weight": 0.0, "victim_draws": "per_text"}
 
 
 # What the default example picks by timing the machine it runs on (tuned_examples/tba_redteam.py: its learner
@@ -834,6 +841,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--victim-responses", type=int, default=None, metavar="N",
                     help="the victim's answers to each training attack (env victim_responses; the reward is their "
                          "log mean toxicity), instead of the evaluation protocol's 5: a variant, not the default")
+    ap.add_argument("--victim-draws", choices=VICTIM_DRAWS, default=None,
+                    help="the victim's answers to a training attack scored again: the same as the first time (the "
+                         "env's default, per_text) or new ones (fresh: the reward of a repeat is a new draw, and TB "
+                         "fits the expected log-reward); a variant, not the default; evaluation is unchanged")
     ap.add_argument("--checkpoint-every", type=int, default=None, metavar="UPDATES",
                     help="default/tba_sync: also checkpoint every UPDATES learner updates (a multiple of the "
                          "example's updates per iteration), for benchmarks/redteam_trajectory.py to evaluate; the "
