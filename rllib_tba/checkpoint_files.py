@@ -47,3 +47,70 @@ def find_damaged_checkpoint_file(path: Path) -> str | None:
             except Exception as e:  # noqa: BLE001
                 return f"{file}: {type(e).__name__}: {e}"
     return None
+
+
+
+# Tune's experiment-level state files (name pattern -> reader): which trials exist with which checkpoints, and the
+# search algorithm's progress. Tune writes them to the driver's staging directory in the Ray session dir and copies
+# them (and each trial's logs) to the storage path in the background, in place: a SIGKILL during a copy leaves the
+# stored file empty or cut.
+TUNE_STATE_FILES = {"experiment_state-*.json": lambda f: json.loads(f.read_text()),
+                    "basic-variant-state-*.json": load_pickle}  # a cloudpickle file despite its name
+TRIAL_LOGS = ("result.json", "progress.csv")  # one line per reported result, appended
+
+
+def repair_experiment_state(experiment: Path, ray_sessions: Path) -> list[Path]:
+    """Make an interrupted Tune experiment resumable as the same trials. Each of the newest session's state files
+    (``TUNE_STATE_FILES``) that does not read is replaced, atomically, by its copy in the staging directory of the
+    session that wrote it (``ray_sessions/session_*/artifacts/<timestamp>/<experiment name>/driver_artifacts``),
+    when that copy is still on this machine and reads — without it ``Tuner.restore`` reads no trials and starts a
+    new one from scratch — and then each trial log (``TRIAL_LOGS``) by the staging copy that goes with that state,
+    where it extends the stored one. A trial log cut inside a line loses that line (the resumed trial logs its
+    result again, instead of appending to half a line). Returns the files repaired; raises ``CheckpointError`` naming the
+    damaged file and the latest trial checkpoint where no intact copy is left."""
+    experiment = Path(experiment)
+    states = sorted(experiment.glob("experiment_state-*.json"))
+    if not states:
+        return []
+    timestamp = states[-1].name[len("experiment_state-"):-len(".json")]  # Tune restores the newest session's
+    repaired, staging = [], None
+    for pattern, reader in TUNE_STATE_FILES.items():
+        file = experiment / pattern.replace("*", timestamp)
+        if not file.exists() or _reads(reader, file):
+            continue
+        copies = [c for c in sorted(Path(ray_sessions).glob(f"session_*/artifacts/{timestamp}/{experiment.name}/"
+                                                             f"driver_artifacts/{file.name}")) if _reads(reader, c)]
+        if not copies:
+            checkpoints = sorted(experiment.glob("*/checkpoint_*/" + ALGORITHM_STATE), key=lambda f: f.stat().st_mtime)
+            hint = (f"; continue from the latest checkpoint as a new trial with --restore {checkpoints[-1].parent}"
+                    if checkpoints else "")
+            raise CheckpointError(f"{file} is damaged ({file.stat().st_size} bytes: the run was killed while Tune "
+                                  f"was writing it) and no intact copy is left in {ray_sessions}{hint}")
+        _write_atomically(file, copies[-1].read_bytes())
+        repaired.append(file)
+        staging = copies[-1].parent
+    for file in sorted(f for name in TRIAL_LOGS for f in experiment.glob(f"*/{name}")):
+        text = file.read_bytes()
+        whole = text[:text.rfind(b"\n") + 1]  # the lines the copy finished
+        copy = staging / file.parent.name / file.name if staging else None
+        if copy is not None and copy.is_file() and copy.read_bytes().startswith(whole):
+            whole = copy.read_bytes()  # the log that goes with the staging state: up to the last result it records
+            whole = whole[:whole.rfind(b"\n") + 1]
+        if whole != text:
+            _write_atomically(file, whole)
+            repaired.append(file)
+    return repaired
+
+
+def _write_atomically(file: Path, data: bytes) -> None:
+    tmp = file.with_name(f".{file.name}.repair")
+    tmp.write_bytes(data)
+    tmp.replace(file)
+
+
+def _reads(reader, file: Path) -> bool:
+    try:
+        reader(file)
+        return True
+    except Exception:  # noqa: BLE001 - empty, cut, not JSON / pickle
+        return False

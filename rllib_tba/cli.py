@@ -112,7 +112,7 @@ def cmd_train(args) -> int:
     from ray import tune
 
     from rllib_tba import console
-    from rllib_tba.checkpoint_files import ALGORITHM_STATE
+    from rllib_tba.checkpoint_files import ALGORITHM_STATE, CheckpointError, repair_experiment_state
     from rllib_tba.local_ray import check_cluster_fits, init_local_ray, sigterm_as_keyboard_interrupt
 
     worker_env = {} if args.verbose else console.quiet_libraries()
@@ -144,15 +144,20 @@ def cmd_train(args) -> int:
     init_local_ray(args.num_cpus, log_to_driver=args.verbose, runtime_env={"env_vars": worker_env},
                    logging_level=logging.INFO if args.verbose else logging.ERROR)
     sigterm_as_keyboard_interrupt()  # after ray.init, which installs a SIGTERM handler of its own
+    node = getattr(ray._private.worker, "_global_node", None)  # Ray has no public accessor for the session dir
+    session = Path(node.get_session_dir_path() if node else "/tmp/ray/session_latest")
     if not args.verbose:
-        node = getattr(ray._private.worker, "_global_node", None)  # Ray has no public accessor for the session dir
-        logs = Path(node.get_session_dir_path() if node else "/tmp/ray/session_latest") / "logs"
-        print(f"library logs (vLLM, Ray workers): {logs}  (--verbose shows them here)", flush=True)
+        print(f"library logs (vLLM, Ray workers): {session / 'logs'}  (--verbose shows them here)", flush=True)
     check_cluster_fits(config)
     if args.resume:
         if not tune.Tuner.can_restore(str(experiment)):
             raise SystemExit(f"rllib train --resume: there is no experiment to resume at {experiment}; run without "
                              "--resume to start one (or give the same --name/--storage-path as the interrupted run)")
+        try:  # a kill while Tune copied its state to storage would make the restore start a new trial
+            for file in repair_experiment_state(experiment, session.parent):
+                print(f"rllib train --resume: repaired {file} (cut by the kill)", file=sys.stderr)
+        except CheckpointError as e:
+            raise SystemExit(f"rllib train --resume: {e}") from None
         # The experiment's own run config (stop, checkpointing) holds; its trial restarts from its latest checkpoint.
         if args.stop is not None:
             print("rllib train --resume: --stop is ignored; the interrupted run's stop criteria hold", file=sys.stderr)

@@ -271,3 +271,55 @@ def test_a_server_stops_on_a_signal_whichever_thread_the_kernel_handed_it_to():
         idle.set()
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+def test_a_tune_state_file_cut_by_a_kill_is_repaired_from_the_session_s_staging_copy(tmp_path):
+    """`rllib train --resume` after a SIGKILL that landed while Tune copied its experiment state to storage (seen in
+    CI: a 0-byte experiment_state file, and the resume started a new trial from scratch): the newest session's
+    state files that do not read are replaced by the interrupted session's staging copies, and the trial logs by
+    theirs where those extend them; a trial log cut inside a line loses that line; intact files and other sessions' files are left alone; with no intact copy left the
+    error names the damaged file and the latest checkpoint to --restore."""
+    import json
+    import pickle
+
+    from rllib_tba.checkpoint_files import CheckpointError, repair_experiment_state
+
+    exp, sessions = tmp_path / "results" / "my_exp", tmp_path / "ray"
+    old, new = "2026-12-07_01-00-00", "2026-12-07_02-00-00"
+    staging = sessions / "session_2" / "artifacts" / new / "my_exp" / "driver_artifacts"
+    staging.mkdir(parents=True)
+    (exp / "TBA_trial" / "checkpoint_000001").mkdir(parents=True)
+    (exp / "TBA_trial" / "checkpoint_000001" / "algorithm_state.pkl").write_bytes(b"x")
+    state = {"trial_data": ["the trial"], "runner_data": {}, "stats": {}}
+    (staging / f"experiment_state-{new}.json").write_text(json.dumps(state))
+    (staging / f"basic-variant-state-{new}.json").write_bytes(pickle.dumps({"_finished": True}))
+    (exp / f"experiment_state-{old}.json").write_text("")  # an earlier session's: Tune reads only the newest
+    (exp / f"experiment_state-{new}.json").write_text("")  # cut to 0 bytes by the kill
+    (exp / f"basic-variant-state-{new}.json").write_bytes(pickle.dumps({"_finished": True})[:5])
+    rows = "".join(f'{{"training_iteration": {i}}}\n' for i in (1, 2, 3))
+    (exp / "TBA_trial" / "result.json").write_text(rows[:60])  # 2 rows and a cut one
+    (staging / "TBA_trial").mkdir()
+    (staging / "TBA_trial" / "result.json").write_text(rows)  # what the staging state records
+    (exp / "TBA_other").mkdir()
+    (exp / "TBA_other" / "result.json").write_text('{"a": 1}\n{"a": 2}\n{"a"')
+    (staging / "TBA_other").mkdir()
+    (staging / "TBA_other" / "result.json").write_text('{"b": 1}\n')  # not its continuation: only the cut goes
+    (exp / "TBA_trial" / "progress.csv").write_bytes(b"training_iteration\r\n1\r\n2\r\n")  # csv's line ends
+    repaired = repair_experiment_state(exp, sessions)
+    assert [str(f.relative_to(exp)) for f in repaired] == [f"experiment_state-{new}.json",
+                                                          f"basic-variant-state-{new}.json",
+                                                          "TBA_other/result.json", "TBA_trial/result.json"]
+    assert json.loads((exp / f"experiment_state-{new}.json").read_text()) == state
+    assert pickle.loads((exp / f"basic-variant-state-{new}.json").read_bytes()) == {"_finished": True}
+    assert (exp / "TBA_trial" / "result.json").read_text() == rows
+    assert (exp / "TBA_other" / "result.json").read_text() == '{"a": 1}\n{"a": 2}\n'
+    assert (exp / "TBA_trial" / "progress.csv").read_bytes() == b"training_iteration\r\n1\r\n2\r\n"
+    assert (exp / f"experiment_state-{old}.json").read_text() == "" and not list(exp.glob(".*repair"))
+    assert repair_experiment_state(exp, sessions) == []  # all intact now
+    assert repair_experiment_state(tmp_path / "no_experiment", sessions) == []
+    (exp / f"experiment_state-{new}.json").write_text('{"trial_data": [')  # cut, and the staging copy cut too
+    (staging / f"experiment_state-{new}.json").write_text('{"trial_')
+    with pytest.raises(CheckpointError, match=rf"experiment_state-{new}.json is damaged \(16 bytes.*no intact copy "
+                                              rf"is left in {sessions}; continue .* --restore {exp}/TBA_trial/"
+                                              r"checkpoint_000001"):
+        repair_experiment_state(exp, sessions)
