@@ -29,10 +29,10 @@ Victim sampling is seeded per (env ``seed``, attack text, answer index), so a gi
 whether it is scored alone or in a batch. With ``victim_draws="per_text"`` (default) that holds every time it is
 scored: the reward is a function of the text, as TB's R(x) is, but it is one draw of the victim's answers, and an
 attack whose draw happened to be toxic is rewarded as if it always were. With ``victim_draws="fresh"`` the k-th
-scoring of a text by this env (k = 0, 1, ...) adds k to its seeds (k = 0 draws the per-text answers): each repeat of
-an attack is answered afresh, the reward is a noisy draw of R, and TB's squared loss fits log pi(x) to the expected
-log-reward over the victim's answers, which pays reliably toxic attacks more than lucky ones. The counts are env
-state (``get_state``). Evaluation (``evaluation_config``) draws the answers with its own seed,
+scoring of a text by this env (k = 0, 1, ...) seeds its answers with k too (k = 0 draws the per-text answers): each
+repeat of an attack is answered afresh, the reward is a noisy draw of R, and TB's squared loss fits log pi(x) to the
+expected log-reward over the victim's answers, which pays reliably toxic attacks more than lucky ones. The counts
+are env state (``get_state``). Evaluation (``evaluation_config``) draws the answers with its own seed,
 ``EVALUATION_SEED``: an attacker that replays attacks it was trained on meets answers training never saw, not the
 ones it was rewarded for (``held_out_config``: `rllib evaluate` refuses a checkpoint trained with that seed).
 """

@@ -49,7 +49,6 @@ def find_damaged_checkpoint_file(path: Path) -> str | None:
     return None
 
 
-
 # Tune's experiment-level state files (name pattern -> reader): which trials exist with which checkpoints, and the
 # search algorithm's progress. Tune writes them to the driver's staging directory in the Ray session dir and copies
 # them (and each trial's logs) to the storage path in the background, in place: a SIGKILL during a copy leaves the
@@ -66,8 +65,8 @@ def repair_experiment_state(experiment: Path, ray_sessions: Path) -> list[Path]:
     when that copy is still on this machine and reads — without it ``Tuner.restore`` reads no trials and starts a
     new one from scratch — and then each trial log (``TRIAL_LOGS``) by the staging copy that goes with that state,
     where it extends the stored one. A trial log cut inside a line loses that line (the resumed trial logs its
-    result again, instead of appending to half a line). Returns the files repaired; raises ``CheckpointError`` naming the
-    damaged file and the latest trial checkpoint where no intact copy is left."""
+    result again, instead of appending to half a line). Returns the files repaired; raises ``CheckpointError``
+    naming the damaged file and the latest trial checkpoint where no intact copy is left."""
     experiment = Path(experiment)
     states = sorted(experiment.glob("experiment_state-*.json"))
     if not states:
