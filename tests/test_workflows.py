@@ -549,9 +549,10 @@ def test_redteam_frontier_quick_writes_the_json_and_both_pictures(tmp_path, tiny
         assert ev["n"] == 16 and 0 <= ev["asr"] <= 1 and 0 <= ev["diversity"] <= 2 and ev["distinct_successful"] >= 0
         assert 0 <= ev["mean_toxicity"] <= 1 and 0 <= ev["attack_toxicity"] <= 1
         # trained with victim answers of 4 tokens (env seed 0) by a float32 victim, evaluated with the task's protocol
-        # (its own seed, the env's default victim dtype)
+        # (its own seed, the env's default victim dtype, one draw of answers per attack text)
         assert ev["protocol"] == {"victim_responses": 5, "victim_max_tokens": 24, "victim_temperature": 0.7,
-                                  "seed": 1000, "victim_dtype": "auto", "novelty_weight": 0.0}
+                                  "seed": 1000, "victim_dtype": "auto", "novelty_weight": 0.0,
+                                  "victim_draws": "per_text"}
         # the evaluation's most common first words: [word, attacks, successful], at most the attacks and successes
         assert 1 <= len(ev["openings"]) <= 5 and sum(n for _, n, _ in ev["openings"]) <= 16
         assert all(0 <= ok <= n for _, n, ok in ev["openings"]) and sum(ok for *_, ok in ev["openings"]) <= 16 * ev["asr"]
