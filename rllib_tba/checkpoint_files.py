@@ -22,6 +22,10 @@ def load_pickle(file: Path):
         raise CheckpointError(f"damaged checkpoint file {file}: {type(e).__name__}: {e}") from e
 
 
+def read_json(file: Path):
+    return json.loads(Path(file).read_text())
+
+
 def read_checkpoint_state(path: Path) -> dict:
     """The algorithm's own state file of checkpoint ``path``."""
     path = Path(path)
@@ -38,7 +42,7 @@ def find_damaged_checkpoint_file(path: Path) -> str | None:
     import torch
 
     readers = {".pkl": load_pickle, ".pt": lambda f: torch.load(f, weights_only=False),
-               ".json": lambda f: json.loads(f.read_text())}
+               ".json": read_json}
     for file in sorted(Path(path).rglob("*")):
         reader = readers.get(file.suffix)
         if reader and file.is_file():
@@ -53,7 +57,7 @@ def find_damaged_checkpoint_file(path: Path) -> str | None:
 # search algorithm's progress. Tune writes them to the driver's staging directory in the Ray session dir and copies
 # them (and each trial's logs) to the storage path in the background, in place: a SIGKILL during a copy leaves the
 # stored file empty or cut.
-TUNE_STATE_FILES = {"experiment_state-*.json": lambda f: json.loads(f.read_text()),
+TUNE_STATE_FILES = {"experiment_state-*.json": read_json,
                     "basic-variant-state-*.json": load_pickle}  # a cloudpickle file despite its name
 TRIAL_LOGS = ("result.json", "progress.csv")  # one line per reported result, appended
 
@@ -90,15 +94,20 @@ def repair_experiment_state(experiment: Path, ray_sessions: Path) -> list[Path]:
         staging = copies[-1].parent
     for file in sorted(f for name in TRIAL_LOGS for f in experiment.glob(f"*/{name}")):
         text = file.read_bytes()
-        whole = text[:text.rfind(b"\n") + 1]  # the lines the copy finished
+        whole = _whole_lines(text)  # the lines the copy finished
         copy = staging / file.parent.name / file.name if staging else None
-        if copy is not None and copy.is_file() and copy.read_bytes().startswith(whole):
-            whole = copy.read_bytes()  # the log that goes with the staging state: up to the last result it records
-            whole = whole[:whole.rfind(b"\n") + 1]
+        if copy is not None and copy.is_file():
+            logged = _whole_lines(copy.read_bytes())  # the log that goes with the staging state
+            if logged.startswith(whole):
+                whole = logged
         if whole != text:
             _write_atomically(file, whole)
             repaired.append(file)
     return repaired
+
+
+def _whole_lines(data: bytes) -> bytes:
+    return data[:data.rfind(b"\n") + 1]
 
 
 def _write_atomically(file: Path, data: bytes) -> None:
