@@ -492,7 +492,8 @@ class TBA(Algorithm):
         self.weights_version = 0  # learner updates done so far = version of the learner's weights
         self.counters = {"samples_received": 0, "samples_dropped_invalid": 0, "samples_dropped_stale": 0,
                          "tokens_generated": 0, "weight_syncs": 0, "updates_with_generation_in_flight": 0,
-                         "searcher_restarts": 0, "searcher_env_states_not_restored": 0}
+                         "searcher_restarts": 0, "searcher_env_states_not_restored": 0,
+                         "searcher_env_states_handed_back": 0, "searcher_env_states_lost": 0}
         # wall times: learner updates (start, end) and generation calls (start, end, searcher index)
         self.timeline = {"updates": deque(maxlen=1000), "samples": deque(maxlen=1000)}
         self._step_end: float | None = None  # when the previous training_step ended (learner idle fraction)
@@ -504,6 +505,8 @@ class TBA(Algorithm):
         self._sent_versions: dict[int, deque] = {}  # searcher -> the versions sent to it, in order
         self._weights_in_flight: set[int] = set()
         self._weights_ref: tuple[int, ray.ObjectRef] | None = None
+        # searcher -> its task-env state as of its last weight sync, checkpoint or restore (a restarted one gets it)
+        self._env_state_copies: dict[int, dict] = {}
         self._searcher_calls: dict[int, dict] = {}  # searcher -> its counts (samples, tokens, arrival staleness)
         self._sampling: dict[int, int] = {}  # searcher -> its generation requests in flight
         self._searcher_stats = deque(maxlen=5)  # the latest searcher reports, averaged into each iteration's metrics
@@ -560,8 +563,9 @@ class TBA(Algorithm):
 
     def _fetch_samples(self, timeout_s: float = 0.0) -> int:
         results = self.env_runner_group.fetch_ready_async_reqs(tags="sample", timeout_seconds=timeout_s)
-        for runner_id, _ in self.env_runner_group.fetch_ready_async_reqs(tags="weights", timeout_seconds=0.0):
+        for runner_id, env_state in self.env_runner_group.fetch_ready_async_reqs(tags="weights", timeout_seconds=0.0):
             self._weights_in_flight.discard(runner_id)
+            self._keep_env_state(runner_id, env_state)
         for runner_id, result in results:
             self._sampling[runner_id] = max(0, self._sampling.get(runner_id, 0) - 1)
             self._ingest(result)
@@ -645,6 +649,7 @@ class TBA(Algorithm):
             for i in restored:
                 self._sampling.pop(i, None)
             self._weights_in_flight.difference_update(restored)
+            self._hand_back_env_states(restored)  # first: the weights push below copies the env states it returns
             self._push_weights(block=True, to=restored, mark_sync=False)
             logger.warning("searcher(s) %s restarted and given weights version %d", restored, self.weights_version)
         healthy = env_runner_group.num_healthy_remote_workers()
@@ -662,6 +667,24 @@ class TBA(Algorithm):
                     + f" (restarts so far: {self.counters['searcher_restarts']}, "
                     f"max_num_env_runner_restarts={c.max_num_env_runner_restarts})")
         return restored
+
+    def _hand_back_env_states(self, restored: list[int]) -> None:
+        """A restarted searcher's env starts empty: give it the task-env state its predecessor had at its last
+        weight sync (or the last checkpoint / restore); what that env learned since is lost. Tasks that keep no
+        state have nothing to hand back; a searcher that failed before its first sync is counted and logged."""
+        env = getattr(self.env_runner, "env", None)
+        if env is None or not env.get_state():
+            return
+        for i in restored:
+            state = self._env_state_copies.get(i)
+            if state is None:
+                self.counters["searcher_env_states_lost"] += 1
+                logger.warning("searcher %d restarted before its task-env state was ever copied (first weight sync or "
+                               "checkpoint): its env starts empty", i)
+                continue
+            self.env_runner_group.foreach_env_runner(lambda r, s=state: r.env.set_state(s), local_env_runner=False,
+                                                     remote_worker_ids=[i])
+            self.counters["searcher_env_states_handed_back"] += 1
 
     def _wait_until(self, ready, what: str) -> float:
         """Fetch and request samples until ``ready()``; returns the seconds waited. Bounded: raises
@@ -714,8 +737,10 @@ class TBA(Algorithm):
         elif block:
             ref = self._weights_payload()
             ids = to if to is not None else self.env_runner_group.healthy_env_runner_ids()
-            self.env_runner_group.foreach_env_runner(lambda r: r.set_state(ray.get(ref)), local_env_runner=False,
-                                                     remote_worker_ids=ids)
+            for i, env_state in self.env_runner_group.foreach_env_runner(
+                    lambda r: (r.worker_index, r.receive_weights(ray.get(ref))), local_env_runner=False,
+                    remote_worker_ids=ids):
+                self._keep_env_state(i, env_state)
             self._record_sent(ids)
         else:
             self._send_pending_weights()
@@ -745,10 +770,14 @@ class TBA(Algorithm):
         targets = [i for i in healthy if newest.get(i, 0) < self._sync_version and i not in self._weights_in_flight]
         if targets:
             made = self.env_runner_group.foreach_env_runner_async(
-                "set_state", tag="weights", kwargs={"state": self._weights_payload()}, remote_worker_ids=targets)
+                "receive_weights", tag="weights", kwargs={"state": self._weights_payload()}, remote_worker_ids=targets)
             if made == len(targets):  # (else a searcher's request queue was full: tried again next time)
                 self._weights_in_flight.update(targets)
                 self._record_sent(targets)
+
+    def _keep_env_state(self, searcher: int, env_state) -> None:
+        if isinstance(env_state, dict) and env_state:  # {} for tasks that keep none
+            self._env_state_copies[searcher] = env_state
 
     def _record_sent(self, ids) -> None:
         for i in ids:
@@ -891,8 +920,10 @@ class TBA(Algorithm):
             return {}
         if not self._remote():
             return {0: local}
-        return dict(self.env_runner_group.foreach_env_runner(lambda r: (r.worker_index, r.env.get_state()),
-                                                             local_env_runner=False))
+        states = dict(self.env_runner_group.foreach_env_runner(lambda r: (r.worker_index, r.env.get_state()),
+                                                               local_env_runner=False))
+        self._env_state_copies.update(states)
+        return states
 
     def _restore_env_states(self, states: dict[int, dict]) -> None:
         """Hand the saved task-env states to the searchers, in index order (the same searcher when the run has as
@@ -907,6 +938,7 @@ class TBA(Algorithm):
             for i, j in zip(ids, saved):
                 self.env_runner_group.foreach_env_runner(lambda r, s=states[j]: r.env.set_state(s),
                                                          local_env_runner=False, remote_worker_ids=[i])
+                self._env_state_copies[i] = states[j]
         if len(saved) > len(ids):
             self.counters["searcher_env_states_not_restored"] += len(saved) - len(ids)
             logger.warning("checkpoint holds the task-env states of %d searchers, this run has %d: those of searchers "

@@ -414,6 +414,12 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         elif WEIGHTS_VERSION in state:
             self.weights_version = int(state[WEIGHTS_VERSION])
 
+    def receive_weights(self, state: dict) -> dict:
+        """TBA's weight sync: ``set_state(state)``, then this searcher's task-env state (``TokenEnv.get_state``, {} for
+        tasks that keep none), which the driver keeps to hand back should this searcher be restarted."""
+        self.set_state(state)
+        return self.env.get_state()
+
     @override(Checkpointable)
     def get_ctor_args_and_kwargs(self):
         return (), {"config": self.config}

@@ -231,6 +231,49 @@ def test_a_checkpoint_carries_each_searcher_s_novelty_memory(ray_session, tiny_m
         fewer.stop()
 
 
+def test_a_restarted_searcher_gets_back_its_task_env_state(ray_session, tiny_model, caplog):
+    """A searcher's env keeps what scoring learned (here the novelty memory of every scored attack); its weight syncs
+    hand a copy to the driver, and a restarted searcher gets the copy back instead of an empty memory. A searcher that
+    dies before its first sync has no copy: counted and logged, not silent."""
+    import numpy as np
+
+    env_config = {"victim": "tiny-test", "victim_dtype": "float32", "victim_max_tokens": 4, "novelty_weight": 1.0,
+                  "novelty_against": "attacks"}
+    algo = config("tba/RedTeam-v0", env_config, num_env_runners=2, sync_every=1).build_algo()
+
+    def actors():
+        return dict(algo.env_runner_group.foreach_env_runner(
+            lambda r: (r.worker_index, ray.get_runtime_context().current_actor), local_env_runner=False))
+
+    def memory(i):
+        return algo.env_runner_group.foreach_env_runner(lambda r: r.env.get_state()["novelty"]["embeddings"],
+                                                        local_env_runner=False, remote_worker_ids=[i])[0]
+
+    def copied_rows(i):
+        return len(algo._env_state_copies.get(i, {}).get("novelty", {}).get("embeddings", []))
+
+    try:
+        ray.kill(actors()[2], no_restart=False)  # before any weight sync: nothing was copied yet
+        with caplog.at_level("WARNING", logger="rllib_tba.tba"):
+            train_until(algo, lambda: algo.counters["searcher_restarts"] >= 1)
+        assert algo.counters["searcher_env_states_lost"] == 1
+        assert algo.counters["searcher_env_states_handed_back"] == 0
+        assert "searcher 2 restarted before its task-env state was ever copied" in caplog.text
+
+        train_until(algo, lambda: copied_rows(1) > 0 and copied_rows(2) > 0)  # the syncs copy both envs' states
+        copy = np.array(algo._env_state_copies[1]["novelty"]["embeddings"])
+        ray.kill(actors()[1], no_restart=False)
+        train_until(algo, lambda: algo.counters["searcher_restarts"] >= 2)
+        assert algo.counters["searcher_env_states_handed_back"] == 1
+        assert algo.counters["searcher_env_states_lost"] == 1
+        # the new searcher's memory starts with what its predecessor had (a later copy, fetched after the one read
+        # here, only adds rows), then grows with what it scores itself
+        rows = memory(1)
+        assert len(rows) >= len(copy) > 0 and np.array_equal(rows[:len(copy)], copy)
+    finally:
+        algo.stop()
+
+
 def test_a_server_stops_on_a_signal_whichever_thread_the_kernel_handed_it_to():
     """``rllib serve`` blocks in ``wait_for_stop``. A process's SIGINT may reach a thread other than the main one
     (Ray's and gRPC's threads do not block it): Python then runs the handler only when the main thread next runs
