@@ -64,7 +64,7 @@ def main(argv=None) -> dict:
     protocol = make_task_env(config).evaluation_config
     if "seed" not in protocol:
         raise SystemExit(f"{args.checkpoint}: its task's evaluation protocol has no victim seed to vary")
-    envs = [make_task_env(with_env_overrides(load_checkpoint_config(args.checkpoint),
+    envs = [make_task_env(with_env_overrides(config.copy(copy_frozen=False),  # a copy each: the overrides write into it
                                              {**protocol, "seed": protocol["seed"] + i}))
             for i in range(args.victim_seeds)]
     with tempfile.TemporaryDirectory(prefix="echo-reliability-") as tmp:  # the evaluation's draws, its first column
