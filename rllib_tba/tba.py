@@ -672,8 +672,7 @@ class TBA(Algorithm):
         """A restarted searcher's env starts empty: give it the task-env state its predecessor had at its last
         weight sync (or the last checkpoint / restore); what that env learned since is lost. Tasks that keep no
         state have nothing to hand back; a searcher that failed before its first sync is counted and logged."""
-        env = getattr(self.env_runner, "env", None)
-        if env is None or not env.get_state():
+        if not self._local_env_state():
             return
         for i in restored:
             state = self._env_state_copies.get(i)
@@ -776,7 +775,7 @@ class TBA(Algorithm):
                 self._record_sent(targets)
 
     def _keep_env_state(self, searcher: int, env_state) -> None:
-        if isinstance(env_state, dict) and env_state:  # {} for tasks that keep none
+        if env_state:  # {} for tasks that keep none
             self._env_state_copies[searcher] = env_state
 
     def _record_sent(self, ids) -> None:
@@ -914,8 +913,7 @@ class TBA(Algorithm):
         e.g. the red-team env's novelty memory); {} for tasks that keep none (the local runner's env, built from the
         same config, says so without a call to the searchers). A searcher answers once the generation calls queued
         before it are done."""
-        env = getattr(self.env_runner, "env", None)
-        local = env.get_state() if env is not None else {}
+        local = self._local_env_state()
         if not local:
             return {}
         if not self._remote():
@@ -924,6 +922,12 @@ class TBA(Algorithm):
                                                                local_env_runner=False))
         self._env_state_copies.update(states)
         return states
+
+    def _local_env_state(self) -> dict:
+        """The local runner's task-env state: {} for tasks that keep none (built from the searchers' config, it says
+        so without a call to them; it holds the searchers' state only when it is the searcher)."""
+        env = getattr(self.env_runner, "env", None)
+        return env.get_state() if env is not None else {}
 
     def _restore_env_states(self, states: dict[int, dict]) -> None:
         """Hand the saved task-env states to the searchers, in index order (the same searcher when the run has as
