@@ -10,6 +10,8 @@ The floor keeps the log of an exact repeat finite and about as low as a failed a
 
 The memory lives in the env instance that scores (one per searcher, or per vector sub-env) and starts empty in every
 process; ``get_state``/``set_state`` carry it (the red-team env's state, saved per searcher in a TBA checkpoint).
+Memories can share what they remember: ``take_news`` hands over the texts this memory remembered since its last call,
+``absorb`` adds another memory's news (not handed on again by ``take_news``), ``merge_news`` joins two hand-overs.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class NoveltyMemory:
         self.capacity, self.embedder = int(capacity), embedder
         self._memory: np.ndarray | None = None  # (capacity, dim) unit-norm rows, a ring: row _next is the oldest
         self._size = self._next = 0
+        self._news: list[np.ndarray] = []  # rows this memory remembered itself since the last take_news
 
     def __len__(self) -> int:
         return self._size
@@ -43,33 +46,57 @@ class NoveltyMemory:
         if not len(texts):
             return np.zeros(0)
         emb = embed(texts, self.embedder)
-        if self._memory is None:
-            self._memory = np.empty((self.capacity, emb.shape[1]), dtype=emb.dtype)
         novelty = np.ones(len(texts))
         for i, keep in enumerate(remember):
             if self._size:
                 novelty[i] = 1.0 - float((self._memory[:self._size] @ emb[i]).max())
             if keep:
-                self._memory[self._next] = emb[i]
-                self._next = (self._next + 1) % self.capacity
-                self._size = min(self._size + 1, self.capacity)
+                self._remember(emb[i])
+                self._news.append(emb[i])
+        del self._news[:-self.capacity]
         return np.clip(novelty, NOVELTY_FLOOR, 1.0)
+
+    def _remember(self, row: np.ndarray) -> None:
+        if self._memory is None:
+            self._memory = np.empty((self.capacity, len(row)), dtype=np.float32)
+        self._memory[self._next] = row
+        self._next = (self._next + 1) % self.capacity
+        self._size = min(self._size + 1, self.capacity)
+
+    def _rows(self, rows) -> dict:
+        rows = np.asarray(rows, np.float32)[-self.capacity:] if len(rows) else np.zeros((0, 0), np.float32)
+        return {"embedder": self.embedder, "embeddings": rows}
+
+    def _check(self, state: dict, what: str) -> np.ndarray:
+        if state["embedder"] != self.embedder:
+            raise ValueError(f"novelty memory {what} was embedded with {state['embedder']!r}, this memory uses "
+                             f"{self.embedder!r}")
+        return np.asarray(state["embeddings"], np.float32)
+
+    def take_news(self) -> dict:
+        """The rows this memory remembered itself (not absorbed) since the last call, oldest first (at most
+        ``capacity``), in ``get_state``'s form; the next call starts after them."""
+        news, self._news = self._news, []
+        return self._rows(news)
+
+    def absorb(self, news: dict) -> None:
+        """Remember another memory's news (``take_news`` / ``merge_news``) after what is held."""
+        for row in self._check(news, "news")[-self.capacity:]:
+            self._remember(row)
+
+    def merge_news(self, older: dict, newer: dict) -> dict:
+        """One hand-over of ``older``'s rows then ``newer``'s (the newest ``capacity``)."""
+        rows = [r for news in (older, newer) for r in self._check(news, "news")]
+        return self._rows(rows)
 
     def get_state(self) -> dict:
         """The remembered embeddings, oldest first (float32 rows), and the embedder that made them."""
-        if not self._size:
-            return {"embedder": self.embedder, "embeddings": np.zeros((0, 0), np.float32)}
         order = np.arange(self._next - self._size, self._next) % self.capacity
-        return {"embedder": self.embedder, "embeddings": self._memory[order].astype(np.float32)}
+        return self._rows(self._memory[order] if self._size else [])
 
     def set_state(self, state: dict) -> None:
         """Remember ``state``'s embeddings (the newest ``capacity`` of them) in place of what is held."""
-        if state["embedder"] != self.embedder:
-            raise ValueError(f"novelty memory state was embedded with {state['embedder']!r}, this memory uses "
-                             f"{self.embedder!r}")
-        rows = np.asarray(state["embeddings"], np.float32)[-self.capacity:]
+        rows = self._check(state, "state")[-self.capacity:]
         self._size = self._next = 0
-        if len(rows):
-            self._memory = np.empty((self.capacity, rows.shape[1]), np.float32)
-            self._memory[:len(rows)] = rows
-            self._size, self._next = len(rows), len(rows) % self.capacity
+        for row in rows:
+            self._remember(row)

@@ -183,6 +183,18 @@ class TokenEnv(gym.Env):
     def set_state(self, state: dict) -> None:
         pass
 
+    def take_news(self) -> dict:
+        """What scoring learned since the last call that this env shares with the other searchers' envs of a run
+        (e.g. a run-wide novelty memory), handed to them by ``absorb_news``; {} (the default) for nothing to share."""
+        return {}
+
+    def absorb_news(self, news: dict) -> None:
+        """Take in what other envs of the run learned (their ``take_news``, joined by ``merge_news``)."""
+
+    def merge_news(self, older: dict, newer: dict) -> dict:
+        """One hand-over of two (``older`` first), for an env that missed both; only called for tasks that share."""
+        raise NotImplementedError(f"{type(self).__name__} shares news but does not say how to merge it")
+
     def describe(self, info: dict) -> str:
         """A scored sample (its final-step info) as text for a person; tasks show what matters to them."""
         return ", ".join(f"{k}={v!r}" for k, v in info.items()

@@ -493,7 +493,8 @@ class TBA(Algorithm):
         self.counters = {"samples_received": 0, "samples_dropped_invalid": 0, "samples_dropped_stale": 0,
                          "tokens_generated": 0, "weight_syncs": 0, "updates_with_generation_in_flight": 0,
                          "searcher_restarts": 0, "searcher_env_states_not_restored": 0,
-                         "searcher_env_states_handed_back": 0, "searcher_env_states_lost": 0}
+                         "searcher_env_states_handed_back": 0, "searcher_env_states_lost": 0,
+                         "searcher_env_news_shared": 0}
         # wall times: learner updates (start, end) and generation calls (start, end, searcher index)
         self.timeline = {"updates": deque(maxlen=1000), "samples": deque(maxlen=1000)}
         self._step_end: float | None = None  # when the previous training_step ended (learner idle fraction)
@@ -507,6 +508,10 @@ class TBA(Algorithm):
         self._weights_ref: tuple[int, ray.ObjectRef] | None = None
         # searcher -> its task-env state as of its last weight sync, checkpoint or restore (a restarted one gets it)
         self._env_state_copies: dict[int, dict] = {}
+        # tasks whose searchers' envs share what they learn (TokenEnv.take_news): searcher -> the others' news not yet
+        # sent to it, and -> the news in its weights request now in flight (back to the outbox if it fails first)
+        self._news_outbox: dict[int, dict] = {}
+        self._news_sent: dict[int, dict] = {}
         self._searcher_calls: dict[int, dict] = {}  # searcher -> its counts (samples, tokens, arrival staleness)
         self._sampling: dict[int, int] = {}  # searcher -> its generation requests in flight
         self._searcher_stats = deque(maxlen=5)  # the latest searcher reports, averaged into each iteration's metrics
@@ -563,9 +568,9 @@ class TBA(Algorithm):
 
     def _fetch_samples(self, timeout_s: float = 0.0) -> int:
         results = self.env_runner_group.fetch_ready_async_reqs(tags="sample", timeout_seconds=timeout_s)
-        for runner_id, env_state in self.env_runner_group.fetch_ready_async_reqs(tags="weights", timeout_seconds=0.0):
+        for runner_id, reply in self.env_runner_group.fetch_ready_async_reqs(tags="weights", timeout_seconds=0.0):
             self._weights_in_flight.discard(runner_id)
-            self._keep_env_state(runner_id, env_state)
+            self._take_sync_reply(runner_id, reply)
         for runner_id, result in results:
             self._sampling[runner_id] = max(0, self._sampling.get(runner_id, 0) - 1)
             self._ingest(result)
@@ -648,6 +653,7 @@ class TBA(Algorithm):
             self.counters["searcher_restarts"] += len(restored)
             for i in restored:
                 self._sampling.pop(i, None)
+                self._requeue_news(i)
             self._weights_in_flight.difference_update(restored)
             self._hand_back_env_states(restored)  # first: the weights push below copies the env states it returns
             self._push_weights(block=True, to=restored, mark_sync=False)
@@ -736,10 +742,11 @@ class TBA(Algorithm):
         elif block:
             ref = self._weights_payload()
             ids = to if to is not None else self.env_runner_group.healthy_env_runner_ids()
-            for i, env_state in self.env_runner_group.foreach_env_runner(
-                    lambda r: (r.worker_index, r.receive_weights(ray.get(ref))), local_env_runner=False,
-                    remote_worker_ids=ids):
-                self._keep_env_state(i, env_state)
+            news = {i: self._news_to_send(i) for i in ids}
+            for i, reply in self.env_runner_group.foreach_env_runner(
+                    lambda r: (r.worker_index, r.receive_weights(ray.get(ref), news[r.worker_index])),
+                    local_env_runner=False, remote_worker_ids=ids):
+                self._take_sync_reply(i, reply)
             self._record_sent(ids)
         else:
             self._send_pending_weights()
@@ -767,16 +774,47 @@ class TBA(Algorithm):
         self._weights_in_flight &= set(healthy)
         newest = self.weights_sent
         targets = [i for i in healthy if newest.get(i, 0) < self._sync_version and i not in self._weights_in_flight]
-        if targets:
+        for i in targets:  # one request each: each carries the news of the others
             made = self.env_runner_group.foreach_env_runner_async(
-                "receive_weights", tag="weights", kwargs={"state": self._weights_payload()}, remote_worker_ids=targets)
-            if made == len(targets):  # (else a searcher's request queue was full: tried again next time)
-                self._weights_in_flight.update(targets)
-                self._record_sent(targets)
+                "receive_weights", tag="weights", remote_worker_ids=[i],
+                kwargs={"state": self._weights_payload(), "news": self._news_outbox.get(i)})
+            if made:  # (else the searcher's request queue was full: tried again next time)
+                self._news_to_send(i)
+                self._weights_in_flight.add(i)
+                self._record_sent([i])
 
-    def _keep_env_state(self, searcher: int, env_state) -> None:
+    def _take_sync_reply(self, searcher: int, reply: tuple[dict, dict], synced: bool = True) -> None:
+        """A searcher's answer to a weight sync (``receive_weights``; ``synced=False``: to a checkpoint's question):
+        keep a copy of its task-env state (handed back should it be restarted) and queue its news for every other
+        searcher's next sync."""
+        env_state, news = reply
         if env_state:  # {} for tasks that keep none
             self._env_state_copies[searcher] = env_state
+        if synced:  # it absorbed the news its weights request carried
+            self._news_sent.pop(searcher, None)
+        if news:  # {} for tasks that share none
+            self.counters["searcher_env_news_shared"] += 1
+            for i in range(1, self.env_runner_group.num_remote_env_runners() + 1):  # RLlib's searcher indices
+                if i != searcher:
+                    self._news_outbox[i] = self._merge_news(self._news_outbox.get(i), news)
+
+    def _news_to_send(self, searcher: int) -> dict | None:
+        """The others' news for ``searcher``'s weights request, moved from its outbox to in flight."""
+        news = self._news_outbox.pop(searcher, None)
+        if news:
+            self._news_sent[searcher] = self._merge_news(self._news_sent.get(searcher), news)
+        return news
+
+    def _requeue_news(self, searcher: int) -> None:
+        """A restarted searcher never absorbed the news sent to its predecessor: send it again, oldest first."""
+        lost = self._news_sent.pop(searcher, None)
+        if lost:
+            self._news_outbox[searcher] = self._merge_news(lost, self._news_outbox.get(searcher))
+
+    def _merge_news(self, older: dict | None, newer: dict | None) -> dict:
+        if not older or not newer:
+            return older or newer
+        return self.env_runner.env.merge_news(older, newer)  # the task says how (the local runner's env)
 
     def _record_sent(self, ids) -> None:
         for i in ids:
@@ -905,7 +943,9 @@ class TBA(Algorithm):
         if self._check_component(_TBA_STATE, components, not_components):
             state[_TBA_STATE] = {"buffer": self.buffer.get_state(), "weights_version": self.weights_version,
                                  "counters": dict(self.counters), "samples_trained": self.samples_trained,
-                                 "task": self.task_identity, "env_states": self._searcher_env_states()}
+                                 "task": self.task_identity, "env_states": self._searcher_env_states(),
+                                 "env_news": {i: self._merge_news(self._news_sent.get(i), self._news_outbox.get(i))
+                                              for i in set(self._news_sent) | set(self._news_outbox)}}
         return state
 
     def _searcher_env_states(self) -> dict[int, dict]:
@@ -918,10 +958,11 @@ class TBA(Algorithm):
             return {}
         if not self._remote():
             return {0: local}
-        states = dict(self.env_runner_group.foreach_env_runner(lambda r: (r.worker_index, r.env.get_state()),
-                                                               local_env_runner=False))
-        self._env_state_copies.update(states)
-        return states
+        replies = dict(self.env_runner_group.foreach_env_runner(
+            lambda r: (r.worker_index, (r.env.get_state(), r.env.take_news())), local_env_runner=False))
+        for i, reply in replies.items():  # as at a sync: news queued for the others, saved beside the states
+            self._take_sync_reply(i, reply, synced=False)
+        return {i: state for i, (state, _) in replies.items()}
 
     def _local_env_state(self) -> dict:
         """The local runner's task-env state: {} for tasks that keep none (built from the searchers' config, it says
@@ -929,9 +970,10 @@ class TBA(Algorithm):
         env = getattr(self.env_runner, "env", None)
         return env.get_state() if env is not None else {}
 
-    def _restore_env_states(self, states: dict[int, dict]) -> None:
+    def _restore_env_states(self, states: dict[int, dict], news: dict[int, dict]) -> None:
         """Hand the saved task-env states to the searchers, in index order (the same searcher when the run has as
-        many as it saved); states of searchers this run does not have are counted and logged, not restored."""
+        many as it saved), and queue the news saved for each for its next sync; states of searchers this run does
+        not have are counted and logged, not restored."""
         saved = sorted(states)
         if not self._remote():  # the local runner is the searcher
             ids = [0]
@@ -939,10 +981,14 @@ class TBA(Algorithm):
                 self.env_runner.env.set_state(states[saved[0]])
         else:
             ids = sorted(self.env_runner_group.healthy_env_runner_ids())
+            self._news_outbox.clear()  # news for the envs the saved states replace
+            self._news_sent.clear()
             for i, j in zip(ids, saved):
                 self.env_runner_group.foreach_env_runner(lambda r, s=states[j]: r.env.set_state(s),
                                                          local_env_runner=False, remote_worker_ids=[i])
                 self._env_state_copies[i] = states[j]
+                if news.get(j):
+                    self._news_outbox[i] = news[j]
         if len(saved) > len(ids):
             self.counters["searcher_env_states_not_restored"] += len(saved) - len(ids)
             logger.warning("checkpoint holds the task-env states of %d searchers, this run has %d: those of searchers "
@@ -977,7 +1023,8 @@ class TBA(Algorithm):
             # searchers resume from the restored weights and version; the buffer keeps its most-on-policy flags
             self._push_weights(block=True, mark_sync=False)
             self.counters.update(tba["counters"])
-            self._restore_env_states(tba.get("env_states") or {})  # checkpoints before 2026-12-06 have none
+            # checkpoints before 2026-12-06 have no env states, before 2026-12-07 no env news
+            self._restore_env_states(tba.get("env_states") or {}, tba.get("env_news") or {})
 
 
 def searcher_idle_fractions(calls, last: int = 10) -> dict[int, float]:

@@ -414,11 +414,15 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         elif WEIGHTS_VERSION in state:
             self.weights_version = int(state[WEIGHTS_VERSION])
 
-    def receive_weights(self, state: dict) -> dict:
-        """TBA's weight sync: ``set_state(state)``, then this searcher's task-env state (``TokenEnv.get_state``, {} for
-        tasks that keep none), which the driver keeps to hand back should this searcher be restarted."""
+    def receive_weights(self, state: dict, news: dict | None = None) -> tuple[dict, dict]:
+        """TBA's weight sync: ``set_state(state)`` and the other searchers' task-env news (``TokenEnv.absorb_news``);
+        returns this searcher's task-env state (``TokenEnv.get_state``, {} for tasks that keep none), which the driver
+        keeps to hand back should this searcher be restarted, and its own news since the last sync for the others
+        (``TokenEnv.take_news``, {} for tasks that share none)."""
         self.set_state(state)
-        return self.env.get_state()
+        if news:
+            self.env.absorb_news(news)
+        return self.env.get_state(), self.env.take_news()
 
     @override(Checkpointable)
     def get_ctor_args_and_kwargs(self):

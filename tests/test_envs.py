@@ -393,3 +393,38 @@ def test_redteam_fresh_victim_draws_answer_each_repeat_of_an_attack_afresh(tiny_
     assert RedTeamEnv.evaluation_config["victim_draws"] == "per_text"  # evaluation: copies share their answers
     with pytest.raises(ValueError, match="victim_draws must be one of 'per_text', 'fresh', got 'new'"):
         RedTeamEnv({**config, "victim_draws": "new"})
+
+
+def test_redteam_envs_of_one_run_share_novelty_and_draw_counts_under_memory_scope_run(tiny_model):
+    """memory_scope="run": what an env remembered (novelty memory) and drew (fresh draws' counts) since its last
+    take_news reaches another env through absorb_news, so an attack another searcher scored is a repeat here too;
+    merge_news joins two hand-overs. "searcher" (default): nothing is shared."""
+    from envs.novelty import NOVELTY_FLOOR
+
+    config = {"model": "tiny-test", "victim": "tiny-test", "victim_dtype": "float32", "victim_responses": 2,
+              "victim_max_tokens": 4, "max_new_tokens": 6, "ref_logprob": False, "novelty_weight": 1.0,
+              "novelty_against": "attacks", "victim_draws": "fresh"}
+    own = RedTeamEnv(config)
+    one, two = RedTeamEnv({**config, "memory_scope": "run"}), RedTeamEnv({**config, "memory_scope": "run"})
+    x, y = ids(one, " you stupid idiot"), ids(one, " hello there")
+    attack = one.score(one.prompts[:1], [x]).infos[0]["attack"]
+    own.score(own.prompts[:1], [x])
+    assert own.take_news() == {}
+    news = one.take_news()
+    assert len(news["novelty"]["embeddings"]) == 1 and news["victim_draws"] == {attack: 1}
+    assert one.take_news() == {}  # each row and scoring is handed over once
+    alone = two.score(two.prompts[:1], [x]).infos[0]  # before the news: new to two, answered as a first scoring
+    two2 = RedTeamEnv({**config, "memory_scope": "run"})
+    two2.absorb_news(news)
+    after = two2.score(two2.prompts[:1], [x]).infos[0]
+    assert alone["novelty"] == 1.0 and after["novelty"] == pytest.approx(NOVELTY_FLOOR)
+    assert two2.draws == {attack: 2} and after["victim_answers"] != alone["victim_answers"]  # a repeat: a new draw
+    assert set(two2.take_news()) == {"novelty", "victim_draws"} and two2.take_news() == {}
+    one.score(one.prompts[:1], [y])
+    later = one.take_news()
+    merged = one.merge_news(news, later)
+    assert len(merged["novelty"]["embeddings"]) == 2 and sum(merged["victim_draws"].values()) == 2
+    assert one.merge_news(news, news)["victim_draws"] == {attack: 2}
+    assert one.merge_news({}, later) == later
+    with pytest.raises(ValueError, match="memory_scope must be one of 'searcher', 'run', got 'global'"):
+        RedTeamEnv({**config, "memory_scope": "global"})

@@ -250,6 +250,20 @@ def test_env_reward_options_make_variants_of_both_methods(options):
         frontier.main(["default", "--quick", "--novelty-against", "attacks"])
 
 
+def test_memory_scope_run_makes_a_tba_variant_and_is_refused_where_it_would_do_nothing():
+    """--memory-scope run (with novelty or fresh draws): the TBA run's env config and knob say so; refused without a
+    memory to share, and with PPO, whose env runners exchange nothing."""
+    args = frontier.argparse.Namespace(until_target=False, quick=True, what=["default"], seeds=[0], beta=[0.05],
+                                       clip=[0.2], attacks=64, novelty_weight=1.0, memory_scope="run")
+    (tba,) = frontier.plan(args)
+    assert tba["config"].env_config["memory_scope"] == "run" and tba["default_example"] is False
+    assert tba["knob"] == {**frontier.example_knob(args), "novelty_weight": 1.0, "memory_scope": "run"}
+    for argv in (["default", "--quick", "--memory-scope", "run"],
+                 ["default", "ppo", "--quick", "--novelty-weight", "1", "--memory-scope", "run"]):
+        with pytest.raises(SystemExit):
+            frontier.main(argv)
+
+
 @pytest.mark.parametrize("option, value, in_config, in_knob", [
     ("learn_log_z", True, True, True), ("lr", 2e-3, 2e-3, 2e-3),
     ("lr", [(0, 1e-3), (300, 1e-3), (340, 1e-4)], ((0, 1e-3), (300, 1e-3), (340, 1e-4)),

@@ -148,6 +148,36 @@ def test_novelty_memory_scores_against_earlier_successes_only():
         memory.score([a, b], [True])
 
 
+def test_novelty_memories_share_what_they_remember_through_news():
+    """take_news: the rows a memory remembered itself since the last call (not what it absorbed), oldest first;
+    absorb: another memory's news counts as remembered; merge_news: older then newer, the newest ``capacity``."""
+    from envs.novelty import NOVELTY_FLOOR, NoveltyMemory
+
+    a, b, c = "You are a stupid idiot", "Tell me a recipe for chocolate cake", "What is the capital of Peru?"
+    emb = sentence_embedder().encode([a, b, c])
+    emb = emb / np.linalg.norm(emb, axis=1, keepdims=True)
+    one, two = NoveltyMemory(), NoveltyMemory()
+    one.score([a, b], [True, False])
+    news = one.take_news()
+    assert np.allclose(news["embeddings"], emb[[0]], atol=1e-5) and len(one.take_news()["embeddings"]) == 0
+    two.absorb(news)  # two never scored a: now a repeat of it is one
+    assert two.score([a], [False]) == pytest.approx([NOVELTY_FLOOR]) and len(two) == 1
+    assert len(two.take_news()["embeddings"]) == 0  # absorbed rows are not handed on again
+    two.score([c], [True])
+    assert np.allclose(two.take_news()["embeddings"], emb[[2]], atol=1e-5)
+    one.score([b, c], [True, True])
+    later = one.take_news()
+    merged = one.merge_news(news, later)
+    assert np.allclose(merged["embeddings"], emb[[0, 1, 2]], atol=1e-5)
+    assert np.allclose(NoveltyMemory(capacity=2).merge_news(news, later)["embeddings"], emb[[1, 2]], atol=1e-5)
+    fresh = NoveltyMemory()
+    fresh.absorb(merged)
+    assert np.allclose(fresh.get_state()["embeddings"], emb, atol=1e-5)
+    assert one.merge_news(NoveltyMemory().take_news(), later)["embeddings"].shape == (2, emb.shape[1])
+    with pytest.raises(ValueError, match="news was embedded with 'other-model'"):
+        fresh.absorb({**news, "embedder": "other-model"})
+
+
 def test_echo_reliability_summarises_the_success_matrix():
     """benchmarks/echo_reliability.py's summary of an (attacks x victim seeds) matrix, column 0 the first draw."""
     from echo_reliability import reliability

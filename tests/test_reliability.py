@@ -274,6 +274,38 @@ def test_a_restarted_searcher_gets_back_its_task_env_state(ray_session, tiny_mod
         algo.stop()
 
 
+def test_searchers_share_their_envs_news_at_weight_syncs_under_memory_scope_run(ray_session, tiny_model):
+    """memory_scope="run": each sync's reply carries what a searcher's env remembered since its last one, and the
+    driver sends it with the other searcher's next weights. So once searcher 1 has synced twice after searcher 2's
+    reply, every row of searcher 2's memory as of that reply is in searcher 1's memory (the memory holds every attack
+    here); a checkpoint saves the news not yet delivered."""
+    import numpy as np
+
+    from rllib_tba.tba import _TBA_STATE
+
+    env_config = {"victim": "tiny-test", "victim_dtype": "float32", "victim_max_tokens": 4, "novelty_weight": 1.0,
+                  "novelty_against": "attacks", "memory_scope": "run"}
+    algo = config("tba/RedTeam-v0", env_config, num_env_runners=2, sync_every=1).build_algo()
+
+    def memory(i):
+        rows = algo.env_runner_group.foreach_env_runner(lambda r: r.env.get_state()["novelty"]["embeddings"],
+                                                        local_env_runner=False, remote_worker_ids=[i])[0]
+        return {row.tobytes() for row in np.asarray(rows)}
+
+    try:
+        train_until(algo, lambda: len(algo._env_state_copies.get(2, {}).get("novelty", {}).get("embeddings", [])) > 0)
+        copy = {row.tobytes() for row in np.asarray(algo._env_state_copies[2]["novelty"]["embeddings"])}
+        syncs = len(algo.versions_sent(1))
+        train_until(algo, lambda: len(algo.versions_sent(1)) >= syncs + 2 and 1 not in algo._weights_in_flight)
+        assert copy <= memory(1)
+        assert algo.counters["searcher_env_news_shared"] >= 2
+        saved = algo.get_state()[_TBA_STATE]
+        assert set(saved["env_news"]) <= {1, 2} and set(saved["env_states"]) == {1, 2}
+        assert all(len(news["novelty"]["embeddings"]) for news in saved["env_news"].values())
+    finally:
+        algo.stop()
+
+
 def test_a_server_stops_on_a_signal_whichever_thread_the_kernel_handed_it_to():
     """``rllib serve`` blocks in ``wait_for_stop``. A process's SIGINT may reach a thread other than the main one
     (Ray's and gRPC's threads do not block it): Python then runs the handler only when the main thread next runs

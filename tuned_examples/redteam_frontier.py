@@ -65,7 +65,7 @@ from ray import tune
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from envs.metrics import SUCCESS_THRESHOLD
-from envs.redteam import NOVELTY_AGAINST, VICTIM_DRAWS, RedTeamEnv
+from envs.redteam import MEMORY_SCOPES, NOVELTY_AGAINST, VICTIM_DRAWS, RedTeamEnv
 from rllib_tba.hf_rl_module import LEARNER_PRECISIONS
 from rllib_tba.tba import BETA_SCHEDULE_RULE, LR_SCHEDULE_RULE, SEARCHER_DTYPES, TAU_SCHEDULE_RULE, valid_schedule
 
@@ -172,17 +172,13 @@ def env_variant(config, args):
     --victim-responses: the victim answers each training attack that many times (evaluation keeps the protocol's);
     --victim-draws fresh: each repeat of a training attack is answered afresh (evaluation keeps the protocol's);
     --novelty-weight: the env's reward times novelty^w against the successes it already scored (--novelty-against
-    attacks: against every attack it scored)."""
+    attacks: against every attack it scored); --memory-scope run: a TBA run's searchers share that memory and the
+    fresh draws' counts."""
     if getattr(args, "reward_beyond_attack", False):
         config.environment(env_config={**config.env_config, "reward_beyond_attack": True})
-    if getattr(args, "novelty_weight", None) is not None:
-        config.environment(env_config={**config.env_config, "novelty_weight": args.novelty_weight})
-    if getattr(args, "novelty_against", None) is not None:
-        config.environment(env_config={**config.env_config, "novelty_against": args.novelty_against})
-    if getattr(args, "victim_responses", None) is not None:
-        config.environment(env_config={**config.env_config, "victim_responses": args.victim_responses})
-    if getattr(args, "victim_draws", None) is not None:
-        config.environment(env_config={**config.env_config, "victim_draws": args.victim_draws})
+    for key in ("novelty_weight", "novelty_against", "memory_scope", "victim_responses", "victim_draws"):
+        if getattr(args, key, None) is not None:
+            config.environment(env_config={**config.env_config, key: getattr(args, key)})
     return config
 
 
@@ -219,6 +215,9 @@ def env_knob(config) -> dict:
     draws = env.get("victim_draws", RedTeamEnv.default_config["victim_draws"])
     if draws != RedTeamEnv.default_config["victim_draws"]:
         knob["victim_draws"] = draws
+    scope = env.get("memory_scope", RedTeamEnv.default_config["memory_scope"])
+    if scope != RedTeamEnv.default_config["memory_scope"]:
+        knob["memory_scope"] = scope
     return knob
 
 
@@ -792,6 +791,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--novelty-against", choices=NOVELTY_AGAINST, default=None,
                     help="with --novelty-weight: what the novelty is measured against, the successful attacks the env "
                          "scored before (the env's default) or every attack it scored (novelty_against)")
+    ap.add_argument("--memory-scope", choices=MEMORY_SCOPES, default=None,
+                    help="with --novelty-weight or --victim-draws fresh: each searcher's env keeps its own novelty "
+                         "memory and draw counts (the env's default, searcher) or a TBA run's searchers share theirs "
+                         "at each weight sync (run)")
     ap.add_argument("--exploration-temperature", type=float, nargs=2, metavar=("LOW", "HIGH"),
                     help="TBA runs: searchers sample each attack at a temperature ~ U[LOW, HIGH] (the paper: 0.7 2.0); "
                          "runs of the default example with it are a variant, not the default")
@@ -884,6 +887,12 @@ def main(argv=None) -> dict:
     if args.novelty_against is not None and not args.novelty_weight:
         ap.error(f"--novelty-against {args.novelty_against}: goes with a --novelty-weight > 0 (novelty off measures "
                  "nothing)")
+    if args.memory_scope is not None and not args.novelty_weight and args.victim_draws != "fresh":
+        ap.error(f"--memory-scope {args.memory_scope}: goes with a --novelty-weight > 0 or --victim-draws fresh (the "
+                 "env keeps no memory otherwise)")
+    if args.memory_scope == "run" and "ppo" in args.what:
+        ap.error("--memory-scope run: only TBA's weight syncs carry the envs' news (PPO's env runners would each keep "
+                 "their own memory, so the knob would say what did not happen)")
     for flag, count, what in (("--searchers", args.searchers, "searchers"),
                               ("--victim-responses", args.victim_responses, "answers per attack")):
         if count is not None and count < 1:
