@@ -306,6 +306,36 @@ def test_searchers_share_their_envs_news_at_weight_syncs_under_memory_scope_run(
         algo.stop()
 
 
+def test_news_sent_to_a_searcher_that_dies_before_taking_it_in_reaches_its_replacement(ray_session, tiny_model):
+    """memory_scope="run": the others' news travels with a searcher's weights. A searcher that dies with it unread
+    would lose it for good (its replacement gets its env state as of its last sync, before that news): the driver
+    keeps what it sent until the reply and sends it again to the restarted searcher."""
+    import numpy as np
+
+    env_config = {"victim": "tiny-test", "victim_dtype": "float32", "victim_max_tokens": 4, "novelty_weight": 1.0,
+                  "novelty_against": "attacks", "memory_scope": "run"}
+    algo = config("tba/RedTeam-v0", env_config, num_env_runners=2, sync_every=1).build_algo()
+
+    def memory(i):
+        rows = algo.env_runner_group.foreach_env_runner(lambda r: r.env.get_state()["novelty"]["embeddings"],
+                                                        local_env_runner=False, remote_worker_ids=[i])[0]
+        return {row.tobytes() for row in np.asarray(rows)}
+
+    try:
+        train_until(algo, lambda: bool(algo._news_outbox.get(1)))  # searcher 2's news waits for searcher 1's sync
+        actor = algo.env_runner_group.foreach_env_runner(lambda r: ray.get_runtime_context().current_actor,
+                                                         local_env_runner=False, remote_worker_ids=[1])[0]
+        ray.kill(actor, no_restart=False)
+        algo._push_weights(block=True, to=[1], mark_sync=False)  # a sync that reaches a dead searcher
+        unread = {row.tobytes() for row in np.asarray(algo._news_sent[1]["novelty"]["embeddings"])}
+        assert unread and not algo._news_outbox.get(1)
+        train_until(algo, lambda: algo.counters["searcher_restarts"] >= 1)
+        assert algo.counters["searcher_env_states_handed_back"] == 1 and 1 not in algo._news_sent
+        assert unread <= memory(1)
+    finally:
+        algo.stop()
+
+
 def test_a_server_stops_on_a_signal_whichever_thread_the_kernel_handed_it_to():
     """``rllib serve`` blocks in ``wait_for_stop``. A process's SIGINT may reach a thread other than the main one
     (Ray's and gRPC's threads do not block it): Python then runs the handler only when the main thread next runs
