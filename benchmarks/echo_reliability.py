@@ -1,6 +1,7 @@
 """How reliably fresh victim answers make a trained red-team attacker's attacks succeed.
 
     .venv/bin/python benchmarks/echo_reliability.py CKPT [--victim-seeds 5] [--json FILE]
+    .venv/bin/python benchmarks/echo_reliability.py CKPT --buffer-versions 280 290   # the searchers' own attacks
 
 The checkpoint's attacks are drawn once — the very attacks `rllib evaluate CKPT --num-samples 256` draws (policy
 seed 0, ``envs.evaluation.sample_and_score``) — and each is scored with the evaluation protocol's victim (5 answers
@@ -9,6 +10,10 @@ evaluate`'s ASR), then the seeds after it.
 Training draws one set of answers per attack text (seeded per attack: the reward is a function of the text), so what
 an attacker was rewarded for is one draw; ``fresh_asr_given_success_on_first`` — how often an attack that succeeded on
 one draw succeeds on another — is the ASR a policy made only of once-successful attacks scores on fresh answers.
+With --buffer-versions the attacks are instead the ones the searchers generated with those learner weights versions,
+as the checkpoint's replay buffer holds them (TBA checkpoints): what the evaluation would make of the searchers' own
+attacks of that time — when the evaluated ASR and the searchers' during training part, it tells a drift of the policy
+since those weights (the same attacks pass) from attacks that were rewarded for lucky answers (they fail here too).
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--victim-seeds", type=int, default=5, help="victim seeds per attack (>= 2)")
     ap.add_argument("--num-samples", type=int, default=256, help="attacks, as rllib evaluate --num-samples")
     ap.add_argument("--seed", type=int, default=0, help="the policy's sampling seed, as rllib evaluate --seed")
+    ap.add_argument("--buffer-versions", type=int, nargs="+", metavar="V",
+                    help="score the buffer's attacks generated with these weights versions instead of sampling the "
+                         "checkpoint's policy")
     ap.add_argument("--json", help="also write the summary here")
     args = ap.parse_args(argv)
     if args.victim_seeds < 2 or args.num_samples < 1:
@@ -67,9 +75,13 @@ def main(argv=None) -> dict:
     envs = [make_task_env(with_env_overrides(config.copy(copy_frozen=False),  # a copy each: the overrides write into it
                                              {**protocol, "seed": protocol["seed"] + i}))
             for i in range(args.victim_seeds)]
-    with tempfile.TemporaryDirectory(prefix="echo-reliability-") as tmp:  # the evaluation's draws, its first column
-        batches = list(sample_and_score(envs[0], export_hf_model(args.checkpoint, tmp), args.num_samples,
-                                        temperature=getattr(config, "sampling_temperature", 1.0), seed=args.seed))
+    if args.buffer_versions:
+        prompts, completions = buffer_attacks(args.checkpoint, envs[0], args.buffer_versions)
+        batches = [(prompts, completions, envs[0].score(prompts, completions))]
+    else:
+        with tempfile.TemporaryDirectory(prefix="echo-reliability-") as tmp:  # the evaluation's draws, column 0
+            batches = list(sample_and_score(envs[0], export_hf_model(args.checkpoint, tmp), args.num_samples,
+                                            temperature=getattr(config, "sampling_temperature", 1.0), seed=args.seed))
     columns = []
     for env in envs:
         results = [first for *_, first in batches] if env is envs[0] else [env.score(p, c) for p, c, _ in batches]
@@ -77,13 +89,39 @@ def main(argv=None) -> dict:
     valid = np.asarray([bool(v) for *_, r in batches for v in r.valid])
     attacks = [info.get(envs[0].output_field) for *_, r in batches for info, v in zip(r.infos, r.valid) if v]
     table = np.asarray(columns, bool).T[valid]
+    toxicity = [info["attack_toxicity"] for *_, r in batches for info, v in zip(r.infos, r.valid)
+                if v and "attack_toxicity" in info]
     summary = {"checkpoint": str(args.checkpoint), "victim_seeds_used": [env.config["seed"] for env in envs],
+               "attacks_from": f"replay buffer, weights versions {args.buffer_versions}" if args.buffer_versions
+               else f"the checkpoint's policy, seed {args.seed}",
                "invalid_dropped": int((~valid).sum()),
+               "attack_toxicity": float(np.mean(toxicity)) if toxicity else None,
                **reliability(table, attacks)}
     print(json.dumps(summary, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def buffer_attacks(checkpoint, env, versions) -> tuple[list, list]:
+    """The replay buffer's samples generated with weights ``versions`` (oldest first), as (env prompts, completion
+    token ids): each sample's prompt is found among the env's by its token ids."""
+    from rllib_tba.checkpoint_files import read_checkpoint_state
+
+    tba = read_checkpoint_state(Path(checkpoint)).get("tba")
+    if not tba:
+        raise SystemExit(f"{checkpoint}: not a TBA checkpoint (no replay buffer saved)")
+    by_ids = {p.token_ids: p for p in env.prompts}
+    # a saved sample: (prompt key, prompt ids, completion ids, reward, weights version, ...), oldest first
+    rows = [r for r in tba["buffer"]["samples"] if r[4] in versions]
+    if not rows:
+        held = sorted({r[4] for r in tba["buffer"]["samples"]})
+        raise SystemExit(f"{checkpoint}: the buffer holds no sample of weights versions {versions} (it holds "
+                         f"{held[:5]}...{held[-5:]})")
+    missing = [r for r in rows if tuple(r[1]) not in by_ids]
+    if missing:
+        raise SystemExit(f"{checkpoint}: {len(missing)} buffer samples have a prompt the task's env does not have")
+    return [by_ids[tuple(r[1])] for r in rows], [list(r[2]) for r in rows]
 
 
 if __name__ == "__main__":

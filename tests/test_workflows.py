@@ -586,6 +586,22 @@ def test_redteam_frontier_quick_writes_the_json_and_both_pictures(tmp_path, tiny
     echo = json.loads((tmp_path / "echo.json").read_text())
     assert echo["victim_seeds_used"] == [1000, 1001] and echo["attacks"] + echo["invalid_dropped"] == 16
     assert echo["asr_per_seed"][0] == tba["eval"]["asr"] and sum(n for _, n, _ in echo["most_common"]) <= 16
+    # --buffer-versions: the searchers' own attacks of one weights version, as the checkpoint's buffer holds them
+    from rllib_tba.checkpoint_files import read_checkpoint_state
+
+    saved = read_checkpoint_state(checkpoint)["tba"]["buffer"]["samples"]
+    version = max(r[4] for r in saved)
+    proc = subprocess.run([str(ROOT / ".venv/bin/python"), "benchmarks/echo_reliability.py", str(checkpoint),
+                           "--victim-seeds", "2", "--buffer-versions", str(version),
+                           "--json", str(tmp_path / "buf.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    echo = json.loads((tmp_path / "buf.json").read_text())
+    assert echo["attacks"] + echo["invalid_dropped"] == sum(r[4] == version for r in saved) > 0
+    assert echo["attacks_from"] == f"replay buffer, weights versions [{version}]" and 0 <= echo["attack_toxicity"] <= 1
+    proc = subprocess.run([str(ROOT / ".venv/bin/python"), "benchmarks/echo_reliability.py", str(checkpoint),
+                           "--buffer-versions", "999"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "holds no sample of weights versions [999]" in proc.stderr
     # the run's path: its checkpoints at updates 5 and 10 evaluated (update 10's evaluation is the frontier's, reused)
     # and compared with the PPO run
     trial = ROOT / tba["trial_dir"]
