@@ -274,6 +274,19 @@ def test_a_restarted_searcher_gets_back_its_task_env_state(ray_session, tiny_mod
         algo.stop()
 
 
+SHARED_MEMORY_ENV = {"victim": "tiny-test", "victim_dtype": "float32", "victim_max_tokens": 4, "novelty_weight": 1.0,
+                     "novelty_against": "attacks", "memory_scope": "run"}
+
+
+def searcher_memory(algo, i):
+    """Searcher ``i``'s novelty memory (its env's embeddings) as a set of rows."""
+    import numpy as np
+
+    rows = algo.env_runner_group.foreach_env_runner(lambda r: r.env.get_state()["novelty"]["embeddings"],
+                                                    local_env_runner=False, remote_worker_ids=[i])[0]
+    return {row.tobytes() for row in np.asarray(rows)}
+
+
 def test_searchers_share_their_envs_news_at_weight_syncs_under_memory_scope_run(ray_session, tiny_model):
     """memory_scope="run": each sync's reply carries what a searcher's env remembered since its last one, and the
     driver sends it with the other searcher's next weights. So once searcher 1 has synced twice after searcher 2's
@@ -283,21 +296,13 @@ def test_searchers_share_their_envs_news_at_weight_syncs_under_memory_scope_run(
 
     from rllib_tba.tba import _TBA_STATE
 
-    env_config = {"victim": "tiny-test", "victim_dtype": "float32", "victim_max_tokens": 4, "novelty_weight": 1.0,
-                  "novelty_against": "attacks", "memory_scope": "run"}
-    algo = config("tba/RedTeam-v0", env_config, num_env_runners=2, sync_every=1).build_algo()
-
-    def memory(i):
-        rows = algo.env_runner_group.foreach_env_runner(lambda r: r.env.get_state()["novelty"]["embeddings"],
-                                                        local_env_runner=False, remote_worker_ids=[i])[0]
-        return {row.tobytes() for row in np.asarray(rows)}
-
+    algo = config("tba/RedTeam-v0", SHARED_MEMORY_ENV, num_env_runners=2, sync_every=1).build_algo()
     try:
         train_until(algo, lambda: len(algo._env_state_copies.get(2, {}).get("novelty", {}).get("embeddings", [])) > 0)
         copy = {row.tobytes() for row in np.asarray(algo._env_state_copies[2]["novelty"]["embeddings"])}
         syncs = len(algo.versions_sent(1))
         train_until(algo, lambda: len(algo.versions_sent(1)) >= syncs + 2 and 1 not in algo._weights_in_flight)
-        assert copy <= memory(1)
+        assert copy <= searcher_memory(algo, 1)
         assert algo.counters["searcher_env_news_shared"] >= 2
         saved = algo.get_state()[_TBA_STATE]
         assert set(saved["env_news"]) <= {1, 2} and set(saved["env_states"]) == {1, 2}
@@ -312,15 +317,7 @@ def test_news_sent_to_a_searcher_that_dies_before_taking_it_in_reaches_its_repla
     keeps what it sent until the reply and sends it again to the restarted searcher."""
     import numpy as np
 
-    env_config = {"victim": "tiny-test", "victim_dtype": "float32", "victim_max_tokens": 4, "novelty_weight": 1.0,
-                  "novelty_against": "attacks", "memory_scope": "run"}
-    algo = config("tba/RedTeam-v0", env_config, num_env_runners=2, sync_every=1).build_algo()
-
-    def memory(i):
-        rows = algo.env_runner_group.foreach_env_runner(lambda r: r.env.get_state()["novelty"]["embeddings"],
-                                                        local_env_runner=False, remote_worker_ids=[i])[0]
-        return {row.tobytes() for row in np.asarray(rows)}
-
+    algo = config("tba/RedTeam-v0", SHARED_MEMORY_ENV, num_env_runners=2, sync_every=1).build_algo()
     try:
         train_until(algo, lambda: bool(algo._news_outbox.get(1)))  # searcher 2's news waits for searcher 1's sync
         actor = algo.env_runner_group.foreach_env_runner(lambda r: ray.get_runtime_context().current_actor,
@@ -331,7 +328,7 @@ def test_news_sent_to_a_searcher_that_dies_before_taking_it_in_reaches_its_repla
         assert unread and not algo._news_outbox.get(1)
         train_until(algo, lambda: algo.counters["searcher_restarts"] >= 1)
         assert algo.counters["searcher_env_states_handed_back"] == 1 and 1 not in algo._news_sent
-        assert unread <= memory(1)
+        assert unread <= searcher_memory(algo, 1)
     finally:
         algo.stop()
 
