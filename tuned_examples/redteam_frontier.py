@@ -212,12 +212,10 @@ def env_knob(config) -> dict:
     answers = env.get("victim_responses", RedTeamEnv.default_config["victim_responses"])
     if answers != RedTeamEnv.evaluation_config["victim_responses"]:
         knob["victim_responses"] = answers
-    draws = env.get("victim_draws", RedTeamEnv.default_config["victim_draws"])
-    if draws != RedTeamEnv.default_config["victim_draws"]:
-        knob["victim_draws"] = draws
-    scope = env.get("memory_scope", RedTeamEnv.default_config["memory_scope"])
-    if scope != RedTeamEnv.default_config["memory_scope"]:
-        knob["memory_scope"] = scope
+    for key in ("victim_draws", "memory_scope"):
+        value = env.get(key, RedTeamEnv.default_config[key])
+        if value != RedTeamEnv.default_config[key]:
+            knob[key] = value
     return knob
 
 
