@@ -319,7 +319,8 @@ def test_news_sent_to_a_searcher_that_dies_before_taking_it_in_reaches_its_repla
 
     algo = config("tba/RedTeam-v0", SHARED_MEMORY_ENV, num_env_runners=2, sync_every=1).build_algo()
     try:
-        train_until(algo, lambda: bool(algo._news_outbox.get(1)))  # searcher 2's news waits for searcher 1's sync
+        # searcher 2's news waits for searcher 1's next sync, and searcher 1 has synced before (a copy to hand back)
+        train_until(algo, lambda: bool(algo._news_outbox.get(1)) and 1 in algo._env_state_copies)
         actor = algo.env_runner_group.foreach_env_runner(lambda r: ray.get_runtime_context().current_actor,
                                                          local_env_runner=False, remote_worker_ids=[1])[0]
         ray.kill(actor, no_restart=False)
