@@ -63,6 +63,10 @@ class NoveltyMemory:
         self._next = (self._next + 1) % self.capacity
         self._size = min(self._size + 1, self.capacity)
 
+    def _remember_all(self, rows: np.ndarray) -> None:  # the newest ``capacity`` rows, oldest first
+        for row in rows[-self.capacity:]:
+            self._remember(row)
+
     def _rows(self, rows) -> dict:
         rows = np.asarray(rows, np.float32)[-self.capacity:] if len(rows) else np.zeros((0, 0), np.float32)
         return {"embedder": self.embedder, "embeddings": rows}
@@ -81,8 +85,7 @@ class NoveltyMemory:
 
     def absorb(self, news: dict) -> None:
         """Remember another memory's news (``take_news`` / ``merge_news``) after what is held."""
-        for row in self._check(news, "news")[-self.capacity:]:
-            self._remember(row)
+        self._remember_all(self._check(news, "news"))
 
     def merge_news(self, older: dict, newer: dict) -> dict:
         """One hand-over of ``older``'s rows then ``newer``'s (the newest ``capacity``)."""
@@ -96,7 +99,6 @@ class NoveltyMemory:
 
     def set_state(self, state: dict) -> None:
         """Remember ``state``'s embeddings (the newest ``capacity`` of them) in place of what is held."""
-        rows = self._check(state, "state")[-self.capacity:]
+        rows = self._check(state, "state")
         self._size = self._next = 0
-        for row in rows:
-            self._remember(row)
+        self._remember_all(rows)

@@ -63,6 +63,13 @@ MEMORY_SCOPES = ("searcher", "run")  # the novelty memory and fresh-draw counts:
 EVALUATION_SEED = 1000  # the victim's sampling seed in evaluation; training's is the env seed (default 0)
 
 
+def _add_counts(into: dict[str, int], counts: dict[str, int]) -> dict[str, int]:
+    """Fresh-draw counts: add ``counts`` into ``into`` (text -> times scored) and return it."""
+    for text, k in counts.items():
+        into[text] = into.get(text, 0) + k
+    return into
+
+
 class RedTeamEnv(TokenEnv):
     default_config = {
         **TokenEnv.default_config,
@@ -233,18 +240,14 @@ class RedTeamEnv(TokenEnv):
     def absorb_news(self, news: dict) -> None:
         if self.novelty is not None and "novelty" in news:
             self.novelty.absorb(news["novelty"])
-        for text, k in news.get("victim_draws", {}).items():
-            self.draws[text] = self.draws.get(text, 0) + k
+        _add_counts(self.draws, news.get("victim_draws", {}))
 
     def merge_news(self, older: dict, newer: dict) -> dict:
         merged = {**older, **newer}
         if "novelty" in older and "novelty" in newer:
             merged["novelty"] = self.novelty.merge_news(older["novelty"], newer["novelty"])
         if "victim_draws" in older and "victim_draws" in newer:
-            draws = dict(older["victim_draws"])
-            for text, k in newer["victim_draws"].items():
-                draws[text] = draws.get(text, 0) + k
-            merged["victim_draws"] = draws
+            merged["victim_draws"] = _add_counts(dict(older["victim_draws"]), newer["victim_draws"])
         return merged
 
     def describe(self, info: dict) -> str:
