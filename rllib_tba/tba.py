@@ -249,7 +249,10 @@ class TBAConfig(AlgorithmConfig):
                 lock-step, the synchronous baseline (works with num_env_runners=0). Default True.
             sample_wait_timeout_s: Longest wait, in seconds, without progress: for samples (initial fill,
                 training_intensity) with none arriving, or with every searcher down and none brought back. Then
-                train() raises SampleWaitTimeout / SearcherFailure with a diagnosis. > 0. Default 600.
+                train() raises SampleWaitTimeout / SearcherFailure with a diagnosis. Also how long one searcher may
+                hold generation requests without answering any (a hung reward server, a stuck engine): it is then
+                killed, counted (tba/searcher_stalls) and, with restart_failed_env_runners, restarted like a failed
+                one while the others go on. > 0. Default 600.
             training_intensity: None (the learner never waits for generation, the paper's setting) or the maximum
                 (samples trained on) / (samples generated); the learner then waits for new samples (async_mode=False:
                 the searchers generate again before the update, so both modes train on the same data per update).
@@ -494,7 +497,7 @@ class TBA(Algorithm):
                          "tokens_generated": 0, "weight_syncs": 0, "updates_with_generation_in_flight": 0,
                          "searcher_restarts": 0, "searcher_env_states_not_restored": 0,
                          "searcher_env_states_handed_back": 0, "searcher_env_states_lost": 0,
-                         "searcher_env_news_shared": 0}
+                         "searcher_env_news_shared": 0, "searcher_stalls": 0}
         # wall times: learner updates (start, end) and generation calls (start, end, searcher index)
         self.timeline = {"updates": deque(maxlen=1000), "samples": deque(maxlen=1000)}
         self._step_end: float | None = None  # when the previous training_step ended (learner idle fraction)
@@ -514,6 +517,7 @@ class TBA(Algorithm):
         self._news_sent: dict[int, dict] = {}
         self._searcher_calls: dict[int, dict] = {}  # searcher -> its counts (samples, tokens, arrival staleness)
         self._sampling: dict[int, int] = {}  # searcher -> its generation requests in flight
+        self._busy_since: dict[int, float] = {}  # searcher -> its last answer, or when an idle one was given work
         self._searcher_stats = deque(maxlen=5)  # the latest searcher reports, averaged into each iteration's metrics
         self._all_down_since: float | None = None  # when the last healthy searcher was lost
         self._calls_received = 0  # generation calls that came back (even with every sample dropped)
@@ -558,6 +562,10 @@ class TBA(Algorithm):
         healthy = set(self.env_runner_group.healthy_env_runner_ids())
         for gone in set(self._sampling) - healthy:  # a failed searcher's requests are gone (RLlib drops them)
             del self._sampling[gone]
+        now = time.time()
+        for i in healthy:
+            if not self._sampling.get(i):  # an idle searcher's clock starts with its work
+                self._busy_since[i] = now
         for level in range(depth):
             short = sorted(i for i in healthy if self._sampling.get(i, 0) <= level)
             if short:
@@ -568,13 +576,34 @@ class TBA(Algorithm):
 
     def _fetch_samples(self, timeout_s: float = 0.0) -> int:
         results = self.env_runner_group.fetch_ready_async_reqs(tags="sample", timeout_seconds=timeout_s)
+        now = time.time()
         for runner_id, reply in self.env_runner_group.fetch_ready_async_reqs(tags="weights", timeout_seconds=0.0):
             self._weights_in_flight.discard(runner_id)
+            self._busy_since[runner_id] = now
             self._take_sync_reply(runner_id, reply)
         for runner_id, result in results:
             self._sampling[runner_id] = max(0, self._sampling.get(runner_id, 0) - 1)
+            self._busy_since[runner_id] = now
             self._ingest(result)
+        limit = self.config.sample_wait_timeout_s
+        self._kill_stalled([i for i in self.env_runner_group.healthy_env_runner_ids()
+                            if self._sampling.get(i) and now - self._busy_since.get(i, now) > limit])
         return len(results)
+
+    def _kill_stalled(self, searchers: list[int]) -> None:
+        """Searchers that held generation requests for ``sample_wait_timeout_s`` without answering any (a hung
+        reward server, a stuck engine) are as good as failed, but would never fail by themselves: kill them
+        (counted, logged) and mark them unhealthy, as RLlib does a failed one; ``restore_env_runners`` then brings
+        them back (``restart_failed_env_runners``) with the learner's weights and their env state."""
+        manager = self.env_runner_group._worker_manager  # a hung actor cannot be asked for its own handle
+        for i in searchers:
+            self.counters["searcher_stalls"] += 1
+            logger.warning("searcher %d answered none of its generation requests for over sample_wait_timeout_s="
+                           "%g s: killing it (stalls so far: %d)", i, self.config.sample_wait_timeout_s,
+                           self.counters["searcher_stalls"])
+            ray.kill(manager.actors()[i], no_restart=not self.config.restart_failed_env_runners)
+            manager.set_actor_state(i, healthy=False)
+            self._busy_since.pop(i, None)
 
     def _ingest(self, result) -> None:
         if isinstance(result, SearchError):  # raised inside the searcher: a bug to show, not a crash loop to hide
@@ -633,7 +662,12 @@ class TBA(Algorithm):
 
     def _sample_sync(self) -> int:
         if self._remote():
-            results = self.env_runner_group.foreach_env_runner(lambda r: r.sample_with_metrics(), local_env_runner=False)
+            asked = self.env_runner_group.healthy_env_runner_ids()
+            results = self.env_runner_group.foreach_env_runner(lambda r: r.sample_with_metrics(), local_env_runner=False,
+                                                               timeout_seconds=self.config.sample_wait_timeout_s)
+            answered = {r.worker_index if isinstance(r, SearchError) else r[1]["worker_index"] for r in results}
+            healthy = set(self.env_runner_group.healthy_env_runner_ids())  # (one that failed is marked unhealthy)
+            self._kill_stalled([i for i in asked if i not in answered and i in healthy])
         else:
             results = [self.env_runner.sample_with_metrics()]
         for result in results:
@@ -935,6 +969,15 @@ class TBA(Algorithm):
         if self._push_seconds:
             values[("tba", "sync_stall_s")] = float(np.mean(self._push_seconds))
         self.metrics.log_dict(values, window=1)
+
+    @override(Algorithm)
+    def cleanup(self) -> None:
+        """Searchers are killed, not asked to stop: RLlib's stop request would queue behind their generation calls
+        (forever behind a hung one), and a searcher holds nothing a kill loses (its vLLM engines live in its
+        process; what the driver keeps of it, samples and env-state copies, is already here)."""
+        if getattr(self, "env_runner_group", None) is not None:
+            self.env_runner_group._worker_manager.clear()
+        super().cleanup()
 
     # ---- checkpoints: RLlib does not save replay buffers or our counters by itself ----------------------------
     @override(Algorithm)

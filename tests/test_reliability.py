@@ -1,10 +1,13 @@
 """TBA off the happy path, on the tiny model: searchers killed mid-run (SIGKILL, ray.kill) with 1 and 2 searchers,
-a searcher that can never come back, a reward function that raises or returns only NaN, impossible buffer settings,
-and checkpoints restored into the same / another task."""
+a searcher that can never come back, a searcher that hangs, a reward function that raises or returns only NaN,
+impossible buffer settings, and checkpoints restored into the same / another task."""
 
 import os
+import re
 import signal
 import sys
+import tempfile
+import threading
 import time
 
 import pytest
@@ -30,9 +33,28 @@ class RaisingTLDR(TLDREnv):
         raise ConnectionError("reward server unreachable")
 
 
+HANG_FLAG = os.path.join(tempfile.gettempdir(), f"tba-test-hang-{os.getpid()}")  # (a value: pickled with the class)
+
+
+class HangingTLDR(TLDREnv):
+    """Once ``HANG_FLAG`` exists, the first searcher process to score claims it and never returns (a reward server
+    that stopped answering); every other process, a replacement of the hung one included, scores as usual."""
+
+    def _score(self, prompts, completions):
+        if os.path.exists(HANG_FLAG):
+            try:
+                os.close(os.open(HANG_FLAG + ".claimed", os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                threading.Event().wait()
+        return super()._score(prompts, completions)
+
+
 register_pickle_by_value(sys.modules[__name__])  # the searcher actors cannot import this test module by name
 register_env("test/NaNReward-v0", lambda cfg: NaNRewardTLDR(cfg))
 register_env("test/RaisingReward-v0", lambda cfg: RaisingTLDR(cfg))
+register_env("test/HangingReward-v0", lambda cfg: HangingTLDR(cfg))
 
 
 def config(env="tba/TLDR-v0", env_config=None, num_env_runners=1, **training):
@@ -106,6 +128,73 @@ def test_no_searcher_left_raises_instead_of_waiting(ray_session, tiny_model):
             for _ in range(50):
                 algo.train()
         assert time.time() - t0 < 90
+    finally:
+        algo.stop()
+
+
+@pytest.fixture
+def hang_flag():
+    for path in (HANG_FLAG, HANG_FLAG + ".claimed"):
+        if os.path.exists(path):
+            os.remove(path)
+    yield HANG_FLAG
+    for path in (HANG_FLAG, HANG_FLAG + ".claimed"):
+        if os.path.exists(path):
+            os.remove(path)
+
+
+def test_a_hung_searcher_is_killed_and_restarted_while_the_other_goes_on(ray_session, tiny_model, hang_flag, caplog):
+    """A searcher whose reward call never returns would hold its requests for good, and with another searcher feeding
+    the learner nothing would ever time out: it is killed after sample_wait_timeout_s without an answer, counted,
+    and restarted; its replacement delivers samples again."""
+    algo = config("test/HangingReward-v0", num_env_runners=2, sample_wait_timeout_s=10).build_algo()
+    try:
+        algo.train()
+        open(hang_flag, "w").close()
+        with caplog.at_level("WARNING", logger="rllib_tba.tba"):
+            train_until(algo, lambda: algo.counters["searcher_restarts"] >= 1)
+        assert os.path.exists(hang_flag + ".claimed")  # one searcher did hang
+        assert algo.counters["searcher_stalls"] == 1
+        assert re.search(r"searcher [12] answered none of its generation requests for over sample_wait_timeout_s=10 s",
+                         caplog.text)
+        calls = {who: mine["calls"] for who, mine in algo._searcher_calls.items()}
+        train_until(algo, lambda: all(algo._searcher_calls[who]["calls"] > n for who, n in calls.items()))
+        assert algo.counters["searcher_stalls"] == 1
+    finally:
+        algo.stop()
+
+
+def test_stop_does_not_wait_for_a_hung_searcher(ray_session, tiny_model, hang_flag):
+    """``algo.stop()`` (Ctrl-C, the end of a Tune trial) must not wait behind a searcher's queued generation calls,
+    let alone a call that never returns."""
+    algo = config("test/HangingReward-v0", num_env_runners=2).build_algo()
+    stopped = False
+    try:
+        algo.train()
+        open(hang_flag, "w").close()
+        train_until(algo, lambda: os.path.exists(hang_flag + ".claimed"))
+        t0 = time.time()
+        algo.stop()
+        stopped = True
+        assert time.time() - t0 < 30
+    finally:
+        if not stopped:
+            algo.stop()
+
+
+def test_a_hung_searcher_in_sync_mode_ends_in_a_bounded_wait(ray_session, tiny_model, hang_flag):
+    """Lock-step generation waits for every searcher: a hung one is killed after sample_wait_timeout_s, and with no
+    replacement allowed the wait ends in an error instead of blocking train() forever."""
+    algo = config("test/HangingReward-v0", async_mode=False, training_intensity=None, sample_wait_timeout_s=5
+                  ).fault_tolerance(restart_failed_env_runners=False).build_algo()
+    try:
+        algo.train()
+        open(hang_flag, "w").close()
+        t0 = time.time()
+        with pytest.raises((SampleWaitTimeout, SearcherFailure)):
+            for _ in range(20):
+                algo.train()
+        assert time.time() - t0 < 60 and algo.counters["searcher_stalls"] == 1
     finally:
         algo.stop()
 
