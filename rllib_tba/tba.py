@@ -995,17 +995,22 @@ class TBA(Algorithm):
         """Each healthy searcher's task-env state by searcher index (``TokenEnv.get_state``: what scoring learned,
         e.g. the red-team env's novelty memory); {} for tasks that keep none (the local runner's env, built from the
         same config, says so without a call to the searchers). A searcher answers once the generation calls queued
-        before it are done."""
+        before it are done; one that does not within ``sample_wait_timeout_s`` is killed as stalled, and the
+        checkpoint holds the copy of its env state from its last weight sync."""
         local = self._local_env_state()
         if not local:
             return {}
         if not self._remote():
             return {0: local}
+        asked = self.env_runner_group.healthy_env_runner_ids()
         replies = dict(self.env_runner_group.foreach_env_runner(
-            lambda r: (r.worker_index, (r.env.get_state(), r.env.take_news())), local_env_runner=False))
+            lambda r: (r.worker_index, (r.env.get_state(), r.env.take_news())), local_env_runner=False,
+            timeout_seconds=self.config.sample_wait_timeout_s))
         for i, reply in replies.items():  # as at a sync: news queued for the others, saved beside the states
             self._take_sync_reply(i, reply, synced=False)
-        return {i: state for i, (state, _) in replies.items()}
+        healthy = set(self.env_runner_group.healthy_env_runner_ids())
+        self._kill_stalled([i for i in asked if i not in replies and i in healthy])
+        return {i: self._env_state_copies[i] for i in asked if i in self._env_state_copies}
 
     def _local_env_state(self) -> dict:
         """The local runner's task-env state: {} for tasks that keep none (built from the searchers' config, it says

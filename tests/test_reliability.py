@@ -15,6 +15,7 @@ import ray
 from ray.cloudpickle import register_pickle_by_value
 from ray.tune.registry import register_env
 
+from envs.redteam import RedTeamEnv
 from envs.tldr import TLDREnv
 from tba_tiny import tiny_config
 from rllib_tba.tba import SampleWaitTimeout, SearcherFailure
@@ -36,7 +37,7 @@ class RaisingTLDR(TLDREnv):
 HANG_FLAG = os.path.join(tempfile.gettempdir(), f"tba-test-hang-{os.getpid()}")  # (a value: pickled with the class)
 
 
-class HangingTLDR(TLDREnv):
+class Hanging:
     """Once ``HANG_FLAG`` exists, the first searcher process to score claims it and never returns (a reward server
     that stopped answering); every other process, a replacement of the hung one included, scores as usual."""
 
@@ -51,10 +52,25 @@ class HangingTLDR(TLDREnv):
         return super()._score(prompts, completions)
 
 
+class HangingTLDR(Hanging, TLDREnv):
+    pass
+
+
+class HangingRedTeam(Hanging, RedTeamEnv):
+    pass
+
+
 register_pickle_by_value(sys.modules[__name__])  # the searcher actors cannot import this test module by name
 register_env("test/NaNReward-v0", lambda cfg: NaNRewardTLDR(cfg))
 register_env("test/RaisingReward-v0", lambda cfg: RaisingTLDR(cfg))
 register_env("test/HangingReward-v0", lambda cfg: HangingTLDR(cfg))
+register_env("test/HangingRedTeam-v0", lambda cfg: HangingRedTeam(cfg))
+
+
+# the red-team env on the tiny model whose novelty memory holds every scored attack (per searcher; "run": shared)
+MEMORY_ENV = {"victim": "tiny-test", "victim_dtype": "float32", "victim_max_tokens": 4, "novelty_weight": 1.0,
+              "novelty_against": "attacks"}
+SHARED_MEMORY_ENV = {**MEMORY_ENV, "memory_scope": "run"}
 
 
 def config(env="tba/TLDR-v0", env_config=None, num_env_runners=1, **training):
@@ -182,6 +198,25 @@ def test_stop_does_not_wait_for_a_hung_searcher(ray_session, tiny_model, hang_fl
             algo.stop()
 
 
+def test_a_checkpoint_with_a_hung_searcher_is_bounded_and_keeps_its_env_state_copy(ray_session, tiny_model, hang_flag):
+    """Saving asks every searcher for its env state, an answer that waits behind its generation calls: a hung one
+    is killed as stalled after sample_wait_timeout_s, and the checkpoint holds the copy from its last weight sync."""
+    from rllib_tba.tba import _TBA_STATE
+
+    algo = config("test/HangingRedTeam-v0", MEMORY_ENV, num_env_runners=2, sync_every=1,
+                  sample_wait_timeout_s=10).build_algo()
+    try:
+        train_until(algo, lambda: 1 in algo._env_state_copies and 2 in algo._env_state_copies)
+        open(hang_flag, "w").close()
+        train_until(algo, lambda: os.path.exists(hang_flag + ".claimed"))
+        t0 = time.time()
+        saved = algo.get_state()[_TBA_STATE]["env_states"]
+        assert time.time() - t0 < 40 and algo.counters["searcher_stalls"] == 1
+        assert set(saved) == {1, 2} and all(len(state["novelty"]["embeddings"]) for state in saved.values())
+    finally:
+        algo.stop()
+
+
 def test_a_hung_searcher_in_sync_mode_ends_in_a_bounded_wait(ray_session, tiny_model, hang_flag):
     """Lock-step generation waits for every searcher: a hung one is killed after sample_wait_timeout_s, and with no
     replacement allowed the wait ends in an error instead of blocking train() forever."""
@@ -285,9 +320,7 @@ def test_a_checkpoint_carries_each_searcher_s_novelty_memory(ray_session, tiny_m
 
     from rllib_tba.checkpoint_files import read_checkpoint_state
 
-    env_config = {"victim": "tiny-test", "victim_dtype": "float32", "victim_max_tokens": 4, "novelty_weight": 1.0,
-                  "novelty_against": "attacks"}
-    algo = config("tba/RedTeam-v0", env_config, num_env_runners=2).build_algo()
+    algo = config("tba/RedTeam-v0", MEMORY_ENV, num_env_runners=2).build_algo()
     try:
         for _ in range(2):
             algo.train()
@@ -300,7 +333,7 @@ def test_a_checkpoint_carries_each_searcher_s_novelty_memory(ray_session, tiny_m
     def memories(states):
         return {i: s["novelty"]["embeddings"] for i, s in states.items()}
 
-    same = config("tba/RedTeam-v0", env_config, num_env_runners=2, async_mode=False).build_algo()
+    same = config("tba/RedTeam-v0", MEMORY_ENV, num_env_runners=2, async_mode=False).build_algo()
     try:
         assert not any(len(m) for m in memories(same._searcher_env_states()).values())  # new searchers: empty
         same.restore_from_path(str(tmp_path / "ckpt"))
@@ -312,7 +345,7 @@ def test_a_checkpoint_carries_each_searcher_s_novelty_memory(ray_session, tiny_m
     finally:
         same.stop()
 
-    fewer = config("tba/RedTeam-v0", env_config, num_env_runners=0, async_mode=False).build_algo()
+    fewer = config("tba/RedTeam-v0", MEMORY_ENV, num_env_runners=0, async_mode=False).build_algo()
     try:
         with caplog.at_level("WARNING", logger="rllib_tba.tba"):
             fewer.restore_from_path(str(tmp_path / "ckpt"))
@@ -329,9 +362,7 @@ def test_a_restarted_searcher_gets_back_its_task_env_state(ray_session, tiny_mod
     dies before its first sync has no copy: counted and logged, not silent."""
     import numpy as np
 
-    env_config = {"victim": "tiny-test", "victim_dtype": "float32", "victim_max_tokens": 4, "novelty_weight": 1.0,
-                  "novelty_against": "attacks"}
-    algo = config("tba/RedTeam-v0", env_config, num_env_runners=2, sync_every=1).build_algo()
+    algo = config("tba/RedTeam-v0", MEMORY_ENV, num_env_runners=2, sync_every=1).build_algo()
 
     def actors():
         return dict(algo.env_runner_group.foreach_env_runner(
@@ -366,8 +397,6 @@ def test_a_restarted_searcher_gets_back_its_task_env_state(ray_session, tiny_mod
         algo.stop()
 
 
-SHARED_MEMORY_ENV = {"victim": "tiny-test", "victim_dtype": "float32", "victim_max_tokens": 4, "novelty_weight": 1.0,
-                     "novelty_against": "attacks", "memory_scope": "run"}
 
 
 def searcher_memory(algo, i):
