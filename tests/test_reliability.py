@@ -150,13 +150,15 @@ def test_no_searcher_left_raises_instead_of_waiting(ray_session, tiny_model):
 
 @pytest.fixture
 def hang_flag():
-    for path in (HANG_FLAG, HANG_FLAG + ".claimed"):
-        if os.path.exists(path):
-            os.remove(path)
+    """``HANG_FLAG``'s path, not created yet (a test creates it to make one searcher hang); removed after the test."""
+    def remove():
+        for path in (HANG_FLAG, HANG_FLAG + ".claimed"):
+            if os.path.exists(path):
+                os.remove(path)
+
+    remove()
     yield HANG_FLAG
-    for path in (HANG_FLAG, HANG_FLAG + ".claimed"):
-        if os.path.exists(path):
-            os.remove(path)
+    remove()
 
 
 def test_a_hung_searcher_is_killed_and_restarted_while_the_other_goes_on(ray_session, tiny_model, hang_flag, caplog):
@@ -395,8 +397,6 @@ def test_a_restarted_searcher_gets_back_its_task_env_state(ray_session, tiny_mod
         assert len(rows) >= len(copy) > 0 and np.array_equal(rows[:len(copy)], copy)
     finally:
         algo.stop()
-
-
 
 
 def searcher_memory(algo, i):
