@@ -721,5 +721,8 @@ def test_async_vs_sync_benchmark_times_both_modes_per_update():
     sync = summary["sync"]
     assert 0 < sync["generation_s_per_update"] and 0 < sync["learning_s_per_update"]
     assert sync["generation_s_per_update"] + sync["learning_s_per_update"] <= sync["s_per_update"] * 1.05
-    assert summary["sync_over_async_s_per_update"] == pytest.approx(
-        sync["s_per_update"] / summary["async"]["s_per_update"], abs=0.01)
+    a, b = sync["s_per_update"], summary["async"]["s_per_update"]
+    # the summary rounds the ratio of the unrounded seconds to 2 decimals and each s_per_update to 3, so the ratio lies
+    # within 0.005 of the range the rounded seconds allow (a CI run: 0.91 against 0.921 recomputed from them)
+    low, high = (a - 0.0005) / (b + 0.0005), (a + 0.0005) / (b - 0.0005)
+    assert low - 0.005 - 1e-9 <= summary["sync_over_async_s_per_update"] <= high + 0.005 + 1e-9
