@@ -586,17 +586,19 @@ class TBA(Algorithm):
             self._busy_since[runner_id] = now
             self._ingest(result)
         limit = self.config.sample_wait_timeout_s
-        self._kill_stalled([i for i in self.env_runner_group.healthy_env_runner_ids()
-                            if self._sampling.get(i) and now - self._busy_since.get(i, now) > limit])
+        self._kill_stalled([i for i, queued in self._sampling.items()
+                            if queued and now - self._busy_since.get(i, now) > limit])
         return len(results)
 
     def _kill_stalled(self, searchers: list[int]) -> None:
         """Searchers that held generation requests for ``sample_wait_timeout_s`` without answering any (a hung
         reward server, a stuck engine) are as good as failed, but would never fail by themselves: kill them
         (counted, logged) and mark them unhealthy, as RLlib does a failed one; ``restore_env_runners`` then brings
-        them back (``restart_failed_env_runners``) with the learner's weights and their env state."""
+        them back (``restart_failed_env_runners``) with the learner's weights and their env state. Searchers already
+        marked unhealthy (failed, or killed before) are skipped."""
         manager = self.env_runner_group._worker_manager  # a hung actor cannot be asked for its own handle
-        for i in searchers:
+        healthy = set(self.env_runner_group.healthy_env_runner_ids())
+        for i in (i for i in searchers if i in healthy):
             self.counters["searcher_stalls"] += 1
             logger.warning("searcher %d answered none of its generation requests for over sample_wait_timeout_s="
                            "%g s: killing it (stalls so far: %d)", i, self.config.sample_wait_timeout_s,
@@ -666,8 +668,7 @@ class TBA(Algorithm):
             results = self.env_runner_group.foreach_env_runner(lambda r: r.sample_with_metrics(), local_env_runner=False,
                                                                timeout_seconds=self.config.sample_wait_timeout_s)
             answered = {r.worker_index if isinstance(r, SearchError) else r[1]["worker_index"] for r in results}
-            healthy = set(self.env_runner_group.healthy_env_runner_ids())  # (one that failed is marked unhealthy)
-            self._kill_stalled([i for i in asked if i not in answered and i in healthy])
+            self._kill_stalled([i for i in asked if i not in answered])
         else:
             results = [self.env_runner.sample_with_metrics()]
         for result in results:
@@ -1008,8 +1009,7 @@ class TBA(Algorithm):
             timeout_seconds=self.config.sample_wait_timeout_s))
         for i, reply in replies.items():  # as at a sync: news queued for the others, saved beside the states
             self._take_sync_reply(i, reply, synced=False)
-        healthy = set(self.env_runner_group.healthy_env_runner_ids())
-        self._kill_stalled([i for i in asked if i not in replies and i in healthy])
+        self._kill_stalled([i for i in asked if i not in replies])
         return {i: self._env_state_copies[i] for i in asked if i in self._env_state_copies}
 
     def _local_env_state(self) -> dict:
