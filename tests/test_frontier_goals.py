@@ -268,14 +268,16 @@ def test_memory_scope_run_makes_a_tba_variant_and_is_refused_where_it_would_do_n
     ("learn_log_z", True, True, True), ("lr", 2e-3, 2e-3, 2e-3),
     ("lr", [(0, 1e-3), (300, 1e-3), (340, 1e-4)], ((0, 1e-3), (300, 1e-3), (340, 1e-4)),
      [[0, 1e-3], [300, 1e-3], [340, 1e-4]]),
-    ("reward_inv_temp", 0.5, 0.5, 0.5), ("near_duplicate_jaccard", 0.5, 0.5, 0.5),
+    ("reward_inv_temp", 0.5, 0.5, 0.5), ("near_duplicate_jaccard", 0.5, 0.5, 0.5), ("m", 0.8, 0.8, 0.8),
+    ("sync_every", 2, 2, 2),
     ("beta_schedule", [(0, 0.05), (220, 0.05), (260, 0.1)], ((0, 0.05), (220, 0.05), (260, 0.1)),
      [[0, 0.05], [220, 0.05], [260, 0.1]]),
     ("reward_temperature_schedule", [(0, 2.0), (100, 1.0)], ((0, 2.0), (100, 1.0)), [[0, 2.0], [100, 1.0]]),
     ("training_intensity", 1.6, 1.6, 1.6)])
 def test_a_learner_option_makes_a_variant_of_the_default(option, value, in_config, in_knob):
     """--lr (the learner's learning rate, or its schedule over learner updates), --learn-log-z (a learned logZ head
-    instead of VarGrad), --replay-inv-temp (replay prioritisation), --near-duplicate-jaccard (replay spread over near-duplicate clusters), --beta-schedule
+    instead of VarGrad), --m (the most-on-policy probability), --sync-every (k), --replay-inv-temp (replay
+    prioritisation), --near-duplicate-jaccard (replay spread over near-duplicate clusters), --beta-schedule
     (beta over learner updates) and
     --reward-temperature-schedule (Lee et al.'s tau over learner updates) and --training-intensity (the learner waits
     for new attacks): the default example's settings and budget
@@ -407,7 +409,8 @@ def test_machine_name_tells_apart_hosts_that_report_a_bare_family_name():
 @pytest.mark.parametrize("argv", [["--lr", "0"], ["--lr", "-1e-3"], ["--lr", "1e-3", "2e-3"], ["--lr", "0:1e-3"],
                                   ["--lr", "0:1e-3", "300"], ["--lr", "10:1e-3", "300:1e-4"],
                                   ["--lr", "0:1e-3", "300:0"], ["--lr", "0:1e-3", "300:2"],
-                                  ["--replay-inv-temp", "-1"],
+                                  ["--replay-inv-temp", "-1"], ["--m", "1.5"], ["--m", "-0.1"],
+                                  ["--sync-every", "0"],
                                   ["--near-duplicate-jaccard", "0"],
                                   ["--near-duplicate-jaccard", "1.5"], ["--beta-schedule", "0:0.05", "220"],
                                   ["--beta-schedule", "0:0.05", "220:-0.1"], ["--beta-schedule", "0:0.05", "x:0.1"],

@@ -91,6 +91,8 @@ DEFAULT_OUT = ROOT / "benchmarks" / "redteam_frontier.json"
 # waited for the searchers (training_intensity None).
 LEARNER_OPTIONS = {
     "lr": lambda value: False,  # every knob names lr already
+    "m": lambda value: value != 0.5,  # every run before these two options: the paper's red-team m and k
+    "sync_every": lambda value: value != 10,
     "exploration_temperature": lambda value: value is not None,
     "reward_inv_temp": lambda value: value != 1.0,
     "share_prompt_forward": bool,
@@ -807,6 +809,13 @@ def main(argv=None) -> dict:
                     help="TBA runs: the learner's learning rate (the default example uses 1e-3), or a schedule "
                          "piecewise linear over learner updates, e.g. 0:1e-3 300:1e-3 340:1e-4 (lr as "
                          "[[update, lr], ...]; it must start at update 0): a variant, not the default")
+    ap.add_argument("--m", type=float, default=None, metavar="M",
+                    help="TBA runs: the probability that a batch's prompt group is drawn from the samples that arrived "
+                         "since the last weight sync, instead of from the reward-prioritised replay (m; the default "
+                         "example uses the paper's red-team 0.5): a variant, not the default")
+    ap.add_argument("--sync-every", type=int, default=None, metavar="K",
+                    help="TBA runs: learner updates between weight syncs to the searchers (sync_every, the paper's "
+                         "k; the default example uses 10): a variant, not the default")
     ap.add_argument("--replay-inv-temp", dest="reward_inv_temp", type=float, default=None, metavar="INV_TEMP",
                     help="TBA runs: off-policy replay draws with probability softmax(INV_TEMP * reward) (the "
                          "default example uses 2.0; 0 = uniform replay): a variant, not the default")
@@ -873,6 +882,10 @@ def main(argv=None) -> dict:
         args.lr = lr_option(ap, args.lr)
     if args.reward_inv_temp is not None and not args.reward_inv_temp >= 0:
         ap.error(f"--replay-inv-temp {args.reward_inv_temp}: give an inverse temperature >= 0 (0 = uniform replay)")
+    if args.m is not None and not 0 <= args.m <= 1:
+        ap.error(f"--m {args.m}: give a probability in [0, 1] (1 = every group from the newest samples)")
+    if args.sync_every is not None and args.sync_every < 1:
+        ap.error(f"--sync-every {args.sync_every}: give a number of learner updates >= 1")
     if args.training_intensity is not None and not 0 < args.training_intensity < math.inf:
         ap.error(f"--training-intensity {args.training_intensity}: give a finite ratio > 0 (samples trained on per "
                  "sample generated)")
