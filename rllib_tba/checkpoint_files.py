@@ -68,8 +68,9 @@ def repair_experiment_state(experiment: Path, ray_sessions: Path) -> list[Path]:
     session that wrote it (``ray_sessions/session_*/artifacts/<timestamp>/<experiment name>/driver_artifacts``),
     when that copy is still on this machine and reads — without it ``Tuner.restore`` reads no trials and starts a
     new one from scratch — and then each trial log (``TRIAL_LOGS``) by the staging copy that goes with that state,
-    where it extends the stored one. A trial log cut inside a line loses that line (the resumed trial logs its
-    result again, instead of appending to half a line). Returns the files repaired; raises ``CheckpointError``
+    where it extends the stored one; with the state intact, only a log the kill left in mid-copy (cut inside a
+    line, or empty although its trial has a checkpoint) takes its staging copy's lines. A trial log cut inside a
+    line loses that line (the resumed trial logs its result again, instead of appending to half a line). Returns the files repaired; raises ``CheckpointError``
     naming the damaged file and the latest trial checkpoint where no intact copy is left."""
     experiment = Path(experiment)
     states = sorted(experiment.glob("experiment_state-*.json"))
@@ -81,8 +82,7 @@ def repair_experiment_state(experiment: Path, ray_sessions: Path) -> list[Path]:
         file = experiment / pattern.replace("*", timestamp)
         if not file.exists() or _reads(reader, file):
             continue
-        copies = [c for c in sorted(Path(ray_sessions).glob(f"session_*/artifacts/{timestamp}/{experiment.name}/"
-                                                             f"driver_artifacts/{file.name}")) if _reads(reader, c)]
+        copies = _staging_copies(ray_sessions, timestamp, experiment.name, file.name, reader)
         if not copies:
             checkpoints = sorted(experiment.glob("*/checkpoint_*/" + ALGORITHM_STATE), key=lambda f: f.stat().st_mtime)
             hint = (f"; continue from the latest checkpoint as a new trial with --restore {checkpoints[-1].parent}"
@@ -92,11 +92,18 @@ def repair_experiment_state(experiment: Path, ray_sessions: Path) -> list[Path]:
         _write_atomically(file, copies[-1].read_bytes())
         repaired.append(file)
         staging = copies[-1].parent
+    state_intact = staging is None
+    if state_intact:  # a trial log can still have been in mid-copy (empty or cut) when the kill came
+        copies = _staging_copies(ray_sessions, timestamp, experiment.name, states[-1].name, read_json)
+        staging = copies[-1].parent if copies else None
     for file in sorted(f for name in TRIAL_LOGS for f in experiment.glob(f"*/{name}")):
         text = file.read_bytes()
         whole = _whole_lines(text)  # the lines the copy finished
         copy = staging / file.parent.name / file.name if staging else None
-        if copy is not None and copy.is_file():
+        # with the stored state intact, a whole log goes with it (the staging one may be ahead of it); only one the
+        # kill left cut, or empty although its trial had checkpointed (so it had logged), takes the staging lines
+        in_mid_copy = not text.endswith(b"\n") and (text or any(file.parent.glob("checkpoint_*")))
+        if copy is not None and copy.is_file() and (in_mid_copy or not state_intact):
             logged = _whole_lines(copy.read_bytes())  # the log that goes with the staging state
             if logged.startswith(whole):
                 whole = logged
@@ -104,6 +111,13 @@ def repair_experiment_state(experiment: Path, ray_sessions: Path) -> list[Path]:
             _write_atomically(file, whole)
             repaired.append(file)
     return repaired
+
+
+def _staging_copies(ray_sessions: Path, timestamp: str, experiment: str, name: str, reader) -> list[Path]:
+    """The copies of a Tune state file in the staging directories of the sessions that wrote it, those that read,
+    oldest session first."""
+    return [c for c in sorted(Path(ray_sessions).glob(f"session_*/artifacts/{timestamp}/{experiment}/"
+                                                      f"driver_artifacts/{name}")) if _reads(reader, c)]
 
 
 def _whole_lines(data: bytes) -> bytes:

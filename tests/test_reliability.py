@@ -507,7 +507,9 @@ def test_a_tune_state_file_cut_by_a_kill_is_repaired_from_the_session_s_staging_
     """`rllib train --resume` after a SIGKILL that landed while Tune copied its experiment state to storage (seen in
     CI: a 0-byte experiment_state file, and the resume started a new trial from scratch): the newest session's
     state files that do not read are replaced by the interrupted session's staging copies, and the trial logs by
-    theirs where those extend them; a trial log cut inside a line loses that line; intact files and other sessions' files are left alone; with no intact copy left the
+    theirs where those extend them; a trial log cut inside a line loses that line; with the state intact only a log
+    left in mid-copy takes the staging lines; intact files and other sessions' files are left alone; with no intact
+    copy left the
     error names the damaged file and the latest checkpoint to --restore."""
     import json
     import pickle
@@ -546,6 +548,17 @@ def test_a_tune_state_file_cut_by_a_kill_is_repaired_from_the_session_s_staging_
     assert (exp / "TBA_trial" / "progress.csv").read_bytes() == b"training_iteration\r\n1\r\n2\r\n"
     assert (exp / f"experiment_state-{old}.json").read_text() == "" and not list(exp.glob(".*repair"))
     assert repair_experiment_state(exp, sessions) == []  # all intact now
+    # the state intact (also seen in CI): a trial log emptied by the kill, its trial checkpointed, takes the staging
+    # lines; a whole log that is only behind the staging one goes with the stored state and stays
+    (exp / "TBA_trial" / "result.json").write_text("")
+    (exp / "TBA_other" / "result.json").write_text("")  # no checkpoint: it may not have logged yet
+    (staging / "TBA_other" / "result.json").write_text('{"a": 1}\n')
+    (exp / "TBA_trial" / "progress.csv").write_bytes(b"training_iteration\r\n1\r\n")
+    (staging / "TBA_trial" / "progress.csv").write_bytes(b"training_iteration\r\n1\r\n2\r\n")
+    assert [str(f.relative_to(exp)) for f in repair_experiment_state(exp, sessions)] == ["TBA_trial/result.json"]
+    assert (exp / "TBA_trial" / "result.json").read_text() == rows
+    assert (exp / "TBA_other" / "result.json").read_text() == ""
+    assert (exp / "TBA_trial" / "progress.csv").read_bytes() == b"training_iteration\r\n1\r\n"
     assert repair_experiment_state(tmp_path / "no_experiment", sessions) == []
     (exp / f"experiment_state-{new}.json").write_text('{"trial_data": [')  # cut, and the staging copy cut too
     (staging / f"experiment_state-{new}.json").write_text('{"trial_')

@@ -119,19 +119,24 @@ def test_cli_resume_after_sigkill_continues_the_same_trial(tmp_path, tiny_model,
     time.sleep(2)
     (trial,) = [d for d in experiment.iterdir() if d.is_dir()]
     before = {c.name: c.stat().st_mtime_ns for c in trial.glob("checkpoint_*")}
-    lines_before = (trial / "result.json").read_text().splitlines()
-    assert len(lines_before) >= 3
+    stored = (trial / "result.json").read_text()
+    lines_before = stored.splitlines()
+    # the kill can land in Tune's copy of the log for real (seen in CI: an empty result.json, the state intact)
+    raced = not stored.endswith("\n")
+    assert len(lines_before) >= 3 or raced
+    (state,) = experiment.glob("experiment_state-*.json")
+    staging = max((Path(tempfile.gettempdir()) / "ray").glob(f"session_*/artifacts/{state.stem[len('experiment_state-'):]}/"
+                                        f"{experiment.name}/driver_artifacts"), key=lambda d: d.stat().st_mtime)
     if cut:  # as a kill in the middle of Tune's copy leaves them; the session's staging copies are whole
-        (state,) = experiment.glob("experiment_state-*.json")
         state.write_text("")
         (trial / "result.json").write_text("\n".join(lines_before)[:-5])
-        staging = max((Path(tempfile.gettempdir()) / "ray").glob(f"session_*/artifacts/{state.stem[len('experiment_state-'):]}/"
-                                            f"{experiment.name}/driver_artifacts"), key=lambda d: d.stat().st_mtime)
+    if cut or raced:
         lines_before = (staging / trial.name / "result.json").read_text().splitlines()
+        assert len(lines_before) >= 3
     from rllib_tba.checkpoint_files import read_checkpoint_state
 
     proc = rllib(*args, "--resume")
-    assert "repaired" in proc.stderr or not cut  # (the intact case may meet the race for real: rare)
+    assert "repaired" in proc.stderr or not (cut or raced)  # (the state copy may be cut for real too: rare)
     out = last_json(proc.stdout)
     assert out["trial_dir"] == str(trial) and out["training_iteration"] == 9  # same trial, the file's stop held
     rows = [json.loads(line) for line in (trial / "result.json").read_text().splitlines()]
