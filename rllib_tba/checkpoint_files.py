@@ -70,8 +70,9 @@ def repair_experiment_state(experiment: Path, ray_sessions: Path) -> list[Path]:
     new one from scratch — and then each trial log (``TRIAL_LOGS``) by the staging copy that goes with that state,
     where it extends the stored one; with the state intact, only a log the kill left in mid-copy (cut inside a
     line, or empty although its trial has a checkpoint) takes its staging copy's lines. A trial log cut inside a
-    line loses that line (the resumed trial logs its result again, instead of appending to half a line). Returns the files repaired; raises ``CheckpointError``
-    naming the damaged file and the latest trial checkpoint where no intact copy is left."""
+    line loses that line (the resumed trial logs its result again, instead of appending to half a line). Returns
+    the files repaired; raises ``CheckpointError`` naming the damaged file and the latest trial checkpoint where no
+    intact copy is left."""
     experiment = Path(experiment)
     states = sorted(experiment.glob("experiment_state-*.json"))
     if not states:
