@@ -10,8 +10,9 @@
 Asynchronous mode (default): each searcher (``VLLMEnvRunner`` actor) always has two ``sample`` requests queued;
 ``training_step`` adds whatever arrived to the replay buffer and, once ``min_buffer_size`` samples are there, runs
 learner updates on buffer batches without waiting for generation. Every ``sync_every`` learner updates the newest
-weights are sent to the searchers fire-and-forget (a searcher loads them between two generation calls); the learner
-keeps going. Every sample carries the weight version that generated it; staleness = learner version − that version.
+weights are sent to the searchers fire-and-forget (a searcher loads them after the calls queued before them, or with
+``pull_weights`` at its next call's start); the learner keeps going. Every sample carries the weight version that
+generated it; staleness = learner version − that version.
 
 Synchronous mode (``async_mode=False``, the speed baseline): generate → add → updates → sync (every k) per step;
 with ``training_intensity`` the searchers generate again before any update that would exceed it, as the async
@@ -42,8 +43,9 @@ from rllib_tba.hf_rl_module import LEARNER_PRECISIONS
 from rllib_tba.tba_learner import TBATorchLearner, build_train_batch
 from rllib_tba.tba_replay_buffer import EVICTION_POLICIES, TBAReplayBuffer, TBSample
 from rllib_tba.tba_rl_module import TBARLModule
-from rllib_tba.vllm_env_runner import (WEIGHTS_VERSION, GenerationBatch, SearchError, VLLMEnvRunner, make_task_env,
-                                       searcher_threads)
+from rllib_tba.vllm_env_runner import (WEIGHTS_EPOCH, WEIGHTS_VERSION, GenerationBatch, SearchError, VLLMEnvRunner,
+                                       make_task_env, searcher_threads)
+from rllib_tba.weights_board import WeightsBoard
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +124,7 @@ class TBAConfig(AlgorithmConfig):
         self.ref_logp_on = "learner"  # where log pi_ref is computed: "learner" (HF model) or "searchers" (vLLM)
         # --- the system ---
         self.async_mode = True
+        self.pull_weights = False  # searchers load the newest synced weights at the start of every generation call
         # Longest wait (s) without progress: the learner waiting for samples (initial fill, training_intensity) with
         # none arriving, or every searcher down with none brought back. Then train() raises with a diagnosis.
         self.sample_wait_timeout_s = 600.0
@@ -175,6 +178,7 @@ class TBAConfig(AlgorithmConfig):
         max_new_tokens=NotProvided,
         ref_logp_on=NotProvided,
         async_mode=NotProvided,
+        pull_weights=NotProvided,
         sample_wait_timeout_s=NotProvided,
         training_intensity=NotProvided,
         max_staleness=NotProvided,
@@ -191,8 +195,9 @@ class TBAConfig(AlgorithmConfig):
                 name ("smollm2-135m-instruct", "tiny-test"), a Hugging Face model id or a local path. Replaces the
                 task's env_config["model"], so the env tokenises with the policy's tokenizer. Default "tiny-test".
             m: [m] Probability that a batch group is drawn "most-on-policy" (a prompt whose samples arrived since the
-                last weight sync); otherwise off-policy by `reward_inv_temp`. In [0, 1]. With probability m a group
-                is at most about 2·`sync_every` − 1 learner updates stale. GSM8K 0.95, TL;DR 0.5, RT 0.5. Default 0.5.
+                last weight sync, or a replay draw when none did); otherwise off-policy by `reward_inv_temp`. In
+                [0, 1]. With probability m a group is at most `sync_every` − 1 learner updates staler than its samples
+                arrived. GSM8K 0.95, TL;DR 0.5, RT 0.5. Default 0.5.
             sync_every: [k] Learner updates between two weight syncs to the searchers (>= 1). Larger k: fewer syncs,
                 staler samples. GSM8K 2, TL;DR 10, RT 10. Default 10.
             beta: [beta] KL coefficient of the target pi_ref · exp(r / beta), > 0, applied at train time (the buffer
@@ -247,6 +252,12 @@ class TBAConfig(AlgorithmConfig):
                 from raw logits). Default "learner".
             async_mode: True: searchers generate while the learner trains (TBA). False: generate → train → sync in
                 lock-step, the synchronous baseline (works with num_env_runners=0). Default True.
+            pull_weights: True: every generation call of a searcher starts by loading the newest synced weights
+                (from a CPU-free Ray actor that holds the last sync's object-store reference), so a sync reaches
+                generation one call later at most. False: a searcher loads a sync's weights, as they were when it
+                was sent, once the generation calls queued before that request are done — up to two calls later,
+                which sets the staleness floor when one call spans more than `sync_every` learner updates
+                (docs/data_path.md). Needs async_mode=True. Default False.
             sample_wait_timeout_s: Longest wait, in seconds, without progress: for samples (initial fill,
                 training_intensity) with none arriving, or with every searcher down and none brought back. Then
                 train() raises SampleWaitTimeout / SearcherFailure with a diagnosis. Also how long one searcher may
@@ -334,6 +345,8 @@ class TBAConfig(AlgorithmConfig):
             self.ref_logp_on = ref_logp_on
         if async_mode is not NotProvided:
             self.async_mode = async_mode
+        if pull_weights is not NotProvided:
+            self.pull_weights = pull_weights
         if sample_wait_timeout_s is not NotProvided:
             self.sample_wait_timeout_s = sample_wait_timeout_s
         if training_intensity is not NotProvided:
@@ -392,7 +405,7 @@ class TBAConfig(AlgorithmConfig):
                                       or self.seed < 0):  # numpy's and vLLM's seeding take non-negative integers
             err(f"seed must be None or an integer >= 0, got {self.seed!r}")
         number("sample_wait_timeout_s", 0, low_open=True)
-        for name in ("async_mode", "dedup", "learn_log_z"):
+        for name in ("async_mode", "pull_weights", "dedup", "learn_log_z"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 err(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.training_intensity is not None:
@@ -403,6 +416,9 @@ class TBAConfig(AlgorithmConfig):
                     and 0 < t[0] <= t[1] <= 2):
                 err(f"exploration_temperature must be None (sample at sampling_temperature) or (low, high) with "
                     f"0 < low <= high <= 2 (vLLM samples at temperatures up to 2), e.g. (0.7, 2.0), got {t!r}")
+        if self.pull_weights and not self.async_mode:
+            err("pull_weights=True needs async_mode=True (in lock-step mode every searcher loads each sync before it "
+                "generates again); set pull_weights=False")
         if self.async_mode and self.max_requests_in_flight_per_env_runner < 2:
             err(f"max_requests_in_flight_per_env_runner must be >= 2 with async_mode=True (generation requests "
                 f"queued per searcher + 1 for weight updates), got {self.max_requests_in_flight_per_env_runner}")
@@ -504,11 +520,15 @@ class TBA(Algorithm):
         self._iter_staleness: list[int] = []  # staleness of every sample trained on in this iteration
         self._push_seconds: deque = deque(maxlen=20)  # how long each weight push held the learner up
         # weight syncs: every searcher must get weights at least as new as _sync_version; one weights request in
-        # flight per searcher (a searcher loads them between two generation calls); one object-store copy per version
+        # flight per searcher (loaded after the calls queued before it); one object-store copy per version
         self._sync_version = 0
         self._sent_versions: dict[int, deque] = {}  # searcher -> the versions sent to it, in order
         self._weights_in_flight: set[int] = set()
-        self._weights_ref: tuple[int, ray.ObjectRef] | None = None
+        self._weights_ref: tuple[tuple[int, int], ray.ObjectRef] | None = None
+        # +1 at every restore: a searcher loads weights only of a later epoch, or of a higher version in its own, so
+        # a weights request still in flight from before a restore cannot undo it
+        self._weights_epoch = 0
+        self._board = None  # pull_weights: the WeightsBoard actor the searchers load the newest sync from
         # searcher -> its task-env state as of its last weight sync, checkpoint or restore (a restarted one gets it)
         self._env_state_copies: dict[int, dict] = {}
         # tasks whose searchers' envs share what they learn (TokenEnv.take_news): searcher -> the others' news not yet
@@ -547,6 +567,9 @@ class TBA(Algorithm):
 
             searcher_cpus = c.num_env_runners * searcher_threads(c.num_cpus_per_env_runner)
             torch.set_num_threads(max(1, (os.cpu_count() or 1) - searcher_cpus))
+        if c.pull_weights and self._remote():
+            self._board = WeightsBoard.remote()
+            self._publish_weights(wait=True)  # the searchers' weights (a checkpoint's, if setup restored one)
 
     # ---- searchers -> buffer -----------------------------------------------------------------------------------
     def _remote(self) -> bool:
@@ -569,8 +592,8 @@ class TBA(Algorithm):
         for level in range(depth):
             short = sorted(i for i in healthy if self._sampling.get(i, 0) <= level)
             if short:
-                self.env_runner_group.foreach_env_runner_async(lambda r: r.sample_with_metrics(), tag="sample",
-                                                               remote_worker_ids=short)
+                self.env_runner_group.foreach_env_runner_async(lambda r, b=self._board: r.sample_with_metrics(b),
+                                                               tag="sample", remote_worker_ids=short)
                 for i in short:
                     self._sampling[i] = self._sampling.get(i, 0) + 1
 
@@ -786,18 +809,28 @@ class TBA(Algorithm):
         else:
             self._send_pending_weights()
         if mark_sync:
+            self._publish_weights(wait=block)
             self.buffer.mark_sync()
             self.counters["weight_syncs"] += 1
 
+    def _publish_weights(self, wait: bool) -> None:
+        """pull_weights: the learner's current weights become the board's newest, which every searcher's next
+        generation call loads (``wait``: before this returns; a restored checkpoint's lower version too)."""
+        if self._board is not None:
+            done = self._board.publish.remote((self._weights_epoch, self.weights_version), [self._weights_payload()])
+            if wait:
+                ray.get(done)
+
     def _weights_payload(self) -> ray.ObjectRef:
-        """The learner's current weights and version, in the object store once per version, shared by every
+        """The learner's current weights, version and epoch, in the object store once per version, shared by every
         searcher."""
-        if self._weights_ref is None or self._weights_ref[0] != self.weights_version:
+        key = (self._weights_epoch, self.weights_version)
+        if self._weights_ref is None or self._weights_ref[0] != key:
             state = self.learner_group.get_state(
                 components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}", inference_only=True,
             )[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
-            self._weights_ref = (self.weights_version, ray.put({COMPONENT_RL_MODULE: state,
-                                                                WEIGHTS_VERSION: self.weights_version}))
+            self._weights_ref = (key, ray.put({COMPONENT_RL_MODULE: state, WEIGHTS_VERSION: self.weights_version,
+                                               WEIGHTS_EPOCH: self._weights_epoch}))
         return self._weights_ref[1]
 
     def _send_pending_weights(self) -> None:
@@ -978,6 +1011,9 @@ class TBA(Algorithm):
         process; what the driver keeps of it, samples and env-state copies, is already here)."""
         if getattr(self, "env_runner_group", None) is not None:
             self.env_runner_group._worker_manager.clear()
+        if getattr(self, "_board", None) is not None:
+            ray.kill(self._board)
+            self._board = None
         super().cleanup()
 
     # ---- checkpoints: RLlib does not save replay buffers or our counters by itself ----------------------------
@@ -1068,8 +1104,12 @@ class TBA(Algorithm):
             self.buffer.set_state(tba["buffer"])
             self.weights_version = int(tba["weights_version"])
             self.samples_trained = int(tba["samples_trained"])
-            # searchers resume from the restored weights and version; the buffer keeps its most-on-policy flags
+            # searchers resume from the restored weights and version (a new epoch: a searcher never goes back to
+            # weights sent before); the buffer keeps its most-on-policy flags
+            self._weights_epoch += 1
+            self._sync_version = self.weights_version  # (not the pre-restore sync the searchers would chase)
             self._push_weights(block=True, mark_sync=False)
+            self._publish_weights(wait=True)  # not the pre-restore weights the board may hold
             self.counters.update(tba["counters"])
             # checkpoints before 2026-12-06 have no env states, before 2026-12-07 no env news
             self._restore_env_states(tba.get("env_states") or {}, tba.get("env_news") or {})

@@ -78,6 +78,7 @@ class _RotaryCacheNotInWeights(logging.Filter):
 logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_RotaryCacheNotInWeights())
 
 WEIGHTS_VERSION = "weights_version"
+WEIGHTS_EPOCH = "weights_epoch"  # TBA: +1 at every restore of the learner (a higher version of an older epoch is older)
 ACTION_LOGP = "action_logp"
 
 
@@ -187,6 +188,8 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         self.rng = np.random.default_rng(None if self.config.seed is None else self.config.seed + self.worker_index)
         self.weights_version = 0
         self.versions_loaded: deque[int] = deque(maxlen=10_000)  # every weights version received, in order
+        self.weights_epoch = 0
+        self.weights_pulled = 0  # versions loaded from the weights board at a call's start (TBA's pull_weights)
         self._engine = None
         self._ref_engine = None
         self._pending_weights: dict | None = None
@@ -374,15 +377,31 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
         """RLlib's reduced EnvRunner metrics since the last call (see ``_log_rllib_metrics``)."""
         return self.metrics.reduce()
 
-    def sample_with_metrics(self):
+    def sample_with_metrics(self, weights_board=None):
         """``(GenerationBatch without infos, searcher stats of this call, RLlib metrics)`` in one remote call (TBA's
-        loop), or a ``SearchError`` when sampling raised."""
+        loop), or a ``SearchError`` when sampling raised. With a ``WeightsBoard`` (TBA's ``pull_weights``) the call
+        first loads the newest synced weights."""
         try:
+            if weights_board is not None:
+                self.pull_weights(weights_board)
             batch = self.generate().without_infos()
         except Exception as e:  # noqa: BLE001 - handed to the driver, which raises it with this searcher's traceback
             logger.exception("searcher %d: sample() failed", self.worker_index)
             return SearchError(self.worker_index, f"{type(e).__name__}: {e}", traceback.format_exc())
         return batch, dict(self._stats), self.get_metrics()
+
+    def pull_weights(self, board) -> None:
+        """Load the board's newest synced weights if they are newer than the loaded ones. A board that does not
+        answer (restarting after a crash) is logged and skipped: the driver's weights requests still bring every
+        sync, only later."""
+        try:
+            newest = ray.get(board.newer_than.remote((self.weights_epoch, self.weights_version)), timeout=60)
+            if newest is not None:
+                self.set_state(ray.get(newest[1][0]))
+                self.weights_pulled += 1
+        except ray.exceptions.RayError as e:
+            logger.warning("searcher %d: no weights from the board (%s); generating with version %d",
+                           self.worker_index, type(e).__name__, self.weights_version)
 
     # ---- EnvRunner / Checkpointable API -----------------------------------------------------------------------
     @override(EnvRunner)
@@ -411,15 +430,20 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
             # TBA stamps its learner version; other algorithms' syncs carry RLlib's weights sequence number
             weights_version = state.get(WEIGHTS_VERSION, state.get(WEIGHTS_SEQ_NO) or self.weights_version + 1)
             self.load_weights(module_state, weights_version)
+            self.weights_epoch = int(state.get(WEIGHTS_EPOCH, self.weights_epoch))
         elif WEIGHTS_VERSION in state:
             self.weights_version = int(state[WEIGHTS_VERSION])
 
     def receive_weights(self, state: dict, news: dict | None = None) -> tuple[dict, dict]:
-        """TBA's weight sync: ``set_state(state)`` and the other searchers' task-env news (``TokenEnv.absorb_news``);
+        """TBA's weight sync: ``set_state(state)`` unless this searcher has those weights or newer ones already (a
+        later epoch, or a higher version in the same: pulled from the weights board, or sent after a restore while
+        this request waited) and the other searchers' task-env news (``TokenEnv.absorb_news``);
         returns this searcher's task-env state (``TokenEnv.get_state``, {} for tasks that keep none), which the driver
         keeps to hand back should this searcher be restarted, and its own news since the last sync for the others
         (``TokenEnv.take_news``, {} for tasks that share none)."""
-        self.set_state(state)
+        if (int(state.get(WEIGHTS_EPOCH, self.weights_epoch)), int(state[WEIGHTS_VERSION])) > \
+                (self.weights_epoch, self.weights_version):
+            self.set_state(state)
         if news:
             self.env.absorb_news(news)
         return self.env.get_state(), self.env.take_news()

@@ -136,6 +136,57 @@ def test_two_searchers_both_sample_and_get_every_version_sent(ray_session, monke
         algo.stop()
 
 
+
+def pull_config(pull: bool):
+    """Two searchers with four generation calls queued each and a sync after every update: a weights request waits
+    behind four calls unless the searchers pull the newest sync at each call's start."""
+    return (tiny_config(num_env_runners=2, sync_every=1, updates_per_iteration=3, training_intensity=2.0,
+                        prompts_per_generation=2, generations_per_prompt=4, pull_weights=pull)
+            .env_runners(max_requests_in_flight_per_env_runner=5))
+
+
+def test_pulled_weights_reach_generation_sooner_and_never_go_back(ray_session):
+    """pull_weights: each generation call starts with the newest synced weights (from the WeightsBoard actor); a
+    searcher never loads an older version afterwards (the driver's own weights requests skip what it already has),
+    and what the searchers generate arrives less stale than when syncs wait behind the queued calls."""
+    staleness = {}
+    for pull in (False, True):
+        algo = pull_config(pull).build_algo()
+        try:
+            for _ in range(6):
+                result = algo.train()
+            per = result["searchers"]["per_searcher"]
+            staleness[pull] = np.mean([who["arrival_staleness_mean"] for who in per.values()])
+            loaded = algo.env_runner_group.foreach_env_runner(lambda r: (list(r.versions_loaded), r.weights_pulled),
+                                                              local_env_runner=False)
+            for versions, pulled in loaded:
+                assert versions == sorted(set(versions)), versions  # strictly newer each time
+                assert (pulled > 0) == pull, (pull, pulled)
+        finally:
+            algo.stop()
+    assert staleness[True] < 0.75 * staleness[False], staleness
+
+
+def test_a_restore_is_not_undone_by_the_board_s_newer_weights(ray_session, tmp_path):
+    """Restoring an earlier checkpoint into a running algorithm puts its (lower) version on the board too: the
+    searchers' next calls must not pull the weights trained after the checkpoint."""
+    algo = pull_config(True).build_algo()
+    try:
+        algo.train()
+        path = algo.save_to_path(str(tmp_path / "ckpt"))
+        saved = algo.weights_version
+        for _ in range(4):
+            algo.train()
+        assert algo.weights_version >= saved + 12
+        algo.restore_from_path(path)
+        assert algo.weights_version == saved
+        algo.train()
+        versions = algo.env_runner_group.foreach_env_runner(lambda r: r.weights_version, local_env_runner=False)
+        assert versions and max(versions) <= algo.weights_version == saved + 3, (versions, algo.weights_version)
+    finally:
+        algo.stop()
+
+
 MULTI_NODE = r"""
 import json, sys
 import ray

@@ -47,6 +47,8 @@ def test_public_api_and_tune_registration():
     (dict(max_staleness=-1), "max_staleness must be >= 0"),
     (dict(ref_logp_on="gpu"), "ref_logp_on must be one of"),
     (dict(share_prompt_forward="yes"), "share_prompt_forward must be True or False, got 'yes'"),
+    (dict(pull_weights="yes"), "pull_weights must be True or False, got 'yes'"),
+    (dict(pull_weights=True, async_mode=False), "pull_weights=True needs async_mode=True"),
     (dict(ref_logp_on="searchers", sampling_temperature=0.7), "ref_logp_on='searchers' needs sampling_temperature=1.0"),
     (dict(max_staleness=2.5), "max_staleness must be an integer"),
     (dict(max_staleness=3, sync_every=10), r"max_staleness \(3\) must be >= sync_every - 1 \(9\)"),
@@ -273,6 +275,26 @@ def test_a_weight_reload_logs_no_rotary_cache_warning(tiny_model):
     assert not keep(record("%s: Failed to load weights", "Llama3RotaryEmbedding"))
     assert keep(record("%s: Failed to load weights", "QKVParallelLinear"))  # a layer that really failed still warns
     assert keep(record("%s: Delayed processing", "RotaryEmbedding")) and keep(record("no arguments"))
+
+
+
+def test_a_searcher_never_loads_older_weights_than_it_has(tiny_model):
+    """A weights request that waited behind generation calls may be older than what the searcher has by then
+    (pulled from the weights board, or sent after a restore): it is skipped. Order: epoch (+1 per restore), then
+    version."""
+    from ray.rllib.core import COMPONENT_RL_MODULE
+    from transformers import AutoModelForCausalLM
+
+    from rllib_tba.hf_rl_module import LM_PREFIX
+    from rllib_tba.vllm_env_runner import WEIGHTS_EPOCH
+
+    runner = VLLMEnvRunner(config=tldr_config().env_runners(num_env_runners=0), worker_index=0)
+    weights = {LM_PREFIX + k: v for k, v in AutoModelForCausalLM.from_pretrained(tiny_model).state_dict().items()}
+    for epoch, version in [(0, 5), (0, 3), (0, 5), (1, 2), (0, 9), (1, 2), (1, 4)]:
+        runner.receive_weights({COMPONENT_RL_MODULE: weights, WEIGHTS_VERSION: version, WEIGHTS_EPOCH: epoch})
+    assert list(runner.versions_loaded) == [5, 2, 4]
+    assert (runner.weights_epoch, runner.weights_version) == (1, 4)
+    assert len(runner.sample()) > 0  # the engine generates with what it loaded
 
 
 def test_async_learner_updates_while_generation_is_in_flight(ray_session):
