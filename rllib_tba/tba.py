@@ -526,7 +526,7 @@ class TBA(Algorithm):
         self._weights_in_flight: set[int] = set()
         self._weights_ref: tuple[tuple[int, int], ray.ObjectRef] | None = None
         # +1 at every restore: a searcher loads weights only of a later epoch, or of a higher version in its own, so
-        # a weights request still in flight from before a restore cannot undo it
+        # the board's pre-restore weights (higher versions) are never pulled after a restore
         self._weights_epoch = 0
         self._board = None  # pull_weights: the WeightsBoard actor the searchers load the newest sync from
         # searcher -> its task-env state as of its last weight sync, checkpoint or restore (a restarted one gets it)

@@ -436,8 +436,8 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
 
     def receive_weights(self, state: dict, news: dict | None = None) -> tuple[dict, dict]:
         """TBA's weight sync: ``set_state(state)`` unless this searcher has those weights or newer ones already (a
-        later epoch, or a higher version in the same: pulled from the weights board, or sent after a restore while
-        this request waited) and the other searchers' task-env news (``TokenEnv.absorb_news``);
+        later epoch, or a higher version in the same: pulled from the weights board while this request waited) and
+        the other searchers' task-env news (``TokenEnv.absorb_news``);
         returns this searcher's task-env state (``TokenEnv.get_state``, {} for tasks that keep none), which the driver
         keeps to hand back should this searcher be restarted, and its own news since the last sync for the others
         (``TokenEnv.take_news``, {} for tasks that share none)."""

@@ -279,9 +279,9 @@ def test_a_weight_reload_logs_no_rotary_cache_warning(tiny_model):
 
 
 def test_a_searcher_never_loads_older_weights_than_it_has(tiny_model):
-    """A weights request that waited behind generation calls may be older than what the searcher has by then
-    (pulled from the weights board, or sent after a restore): it is skipped. Order: epoch (+1 per restore), then
-    version."""
+    """A weights request that waited behind generation calls may be older than what the searcher pulled from the
+    weights board meanwhile: it is skipped. Order: epoch (+1 per restore: the board's pre-restore weights have higher
+    versions), then version."""
     from ray.rllib.core import COMPONENT_RL_MODULE
     from transformers import AutoModelForCausalLM
 
