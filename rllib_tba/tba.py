@@ -567,9 +567,8 @@ class TBA(Algorithm):
 
             searcher_cpus = c.num_env_runners * searcher_threads(c.num_cpus_per_env_runner)
             torch.set_num_threads(max(1, (os.cpu_count() or 1) - searcher_cpus))
-        if c.pull_weights and self._remote():
+        if c.pull_weights and self._remote():  # empty until the next push to every searcher
             self._board = WeightsBoard.remote()
-            self._publish_weights(wait=True)  # the searchers' weights (a checkpoint's, if setup restored one)
 
     # ---- searchers -> buffer -----------------------------------------------------------------------------------
     def _remote(self) -> bool:
@@ -808,8 +807,9 @@ class TBA(Algorithm):
             self._record_sent(ids)
         else:
             self._send_pending_weights()
-        if mark_sync:
+        if to is None:  # (a sync, or a restore's lower version) the board's newest too
             self._publish_weights(wait=block)
+        if mark_sync:
             self.buffer.mark_sync()
             self.counters["weight_syncs"] += 1
 
@@ -1109,7 +1109,6 @@ class TBA(Algorithm):
             self._weights_epoch += 1
             self._sync_version = self.weights_version  # (not the pre-restore sync the searchers would chase)
             self._push_weights(block=True, mark_sync=False)
-            self._publish_weights(wait=True)  # not the pre-restore weights the board may hold
             self.counters.update(tba["counters"])
             # checkpoints before 2026-12-06 have no env states, before 2026-12-07 no env news
             self._restore_env_states(tba.get("env_states") or {}, tba.get("env_news") or {})
