@@ -392,8 +392,8 @@ class VLLMEnvRunner(EnvRunner, Checkpointable):
 
     def pull_weights(self, board) -> None:
         """Load the board's newest synced weights if they are newer than the loaded ones. A board that does not
-        answer (restarting after a crash) is logged and skipped: the driver's weights requests still bring every
-        sync, only later."""
+        answer within 60 s (restarting after a crash) is logged and skipped — the call waits that long first — and
+        the driver's weights requests still bring every sync, only later."""
         try:
             newest = ray.get(board.newer_than.remote((self.weights_epoch, self.weights_version)), timeout=60)
             if newest is not None:
